@@ -1,0 +1,18 @@
+# The two commands of the README: `make run` and `make test`.
+VENV ?= .venv
+PROMPT ?= What is the capital of France? Answer in one sentence.
+
+.PHONY: setup run test lint
+
+setup:
+	@PLUGSERVE_VENV=$(VENV) ./scripts/setup.sh
+
+run: setup
+	$(VENV)/bin/plugserve generate --chat "$(PROMPT)"
+
+test: setup
+	$(VENV)/bin/python -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check core plugins tests benchmarks
+	$(VENV)/bin/mypy core

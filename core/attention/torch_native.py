@@ -1,0 +1,123 @@
+"""torch_native: the reference attention backend (any page size, CPU and CUDA).
+
+It reads the paged cache exactly as every other backend must: request `i`'s KV lives at slots
+`req_to_token[req_pool_indices[i], :seq_lens[i]]`. Extend runs request by request (causal with
+the cached prefix as offset, or the custom tree mask); decode gathers a padded
+[batch, max_len] slot table once per batch and runs one batched attention per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from plugserve.attention.base import AttentionBackend, AttentionLayer, BackendCapabilities
+from plugserve.runner.forward_batch import ForwardBatch
+
+
+@dataclass
+class TorchNativeMetadata:
+    # extend: per request, the KV slots it reads and its query/key boolean mask (True = attend)
+    kv_slots: list[torch.Tensor]
+    masks: list[torch.Tensor]
+    query_starts: list[int]
+    # decode: padded slot table and validity, [batch, max_len]
+    padded_slots: torch.Tensor | None = None
+    padded_key_pos: torch.Tensor | None = None
+    padded_valid: torch.Tensor | None = None
+
+
+class TorchNativeBackend(AttentionBackend):
+    name = "torch_native"
+    capabilities = BackendCapabilities(page_gt1_topk_gt1=True)
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        fb = forward_batch
+        rows = fb.req_pool_indices
+        if fb.mode.is_decode():
+            max_len = max(fb.seq_lens_cpu) if fb.seq_lens_cpu else 1
+            key_pos = torch.arange(max_len, device=rows.device)
+            slots = fb.req_to_token[rows, :max_len]
+            valid = key_pos[None, :] < fb.seq_lens[:, None]
+            slots = torch.where(valid, slots, torch.zeros_like(slots))
+            fb.attn_metadata = TorchNativeMetadata([], [], [], slots, key_pos, valid)
+            return
+        kv_slots: list[torch.Tensor] = []
+        masks: list[torch.Tensor] = []
+        starts: list[int] = []
+        query_start = 0
+        mask_start = 0
+        for i, (seq_len, prefix_len, ext_len) in enumerate(
+            zip(fb.seq_lens_cpu, fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, strict=True)
+        ):
+            kv_slots.append(fb.req_to_token[rows[i], :seq_len])
+            if fb.custom_mask is not None:
+                size = ext_len * seq_len
+                mask = fb.custom_mask[mask_start : mask_start + size].view(ext_len, seq_len)
+                mask_start += size
+            else:
+                q_pos = torch.arange(prefix_len, prefix_len + ext_len, device=rows.device)
+                k_pos = torch.arange(seq_len, device=rows.device)
+                mask = k_pos[None, :] <= q_pos[:, None]
+            masks.append(mask)
+            starts.append(query_start)
+            query_start += ext_len
+        fb.attn_metadata = TorchNativeMetadata(kv_slots, masks, starts)
+
+    def forward_extend(
+        self, q: torch.Tensor, layer: AttentionLayer, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        fb = forward_batch
+        meta: TorchNativeMetadata = fb.attn_metadata
+        k_buf = fb.kv_pool.get_k(layer.layer_id)
+        v_buf = fb.kv_pool.get_v(layer.layer_id)
+        out = torch.empty_like(q)
+        for i, ext_len in enumerate(fb.extend_seq_lens_cpu):
+            start = meta.query_starts[i]
+            slots = meta.kv_slots[i]
+            mask = meta.masks[i]
+            if layer.sliding_window is not None:
+                mask = mask & self._window_mask(mask.shape[1], fb.extend_prefix_lens_cpu[i],
+                                                ext_len, layer.sliding_window, q.device)
+            qi = q[start : start + ext_len].transpose(0, 1)  # [H, E, D]
+            ki = k_buf[slots].to(q.dtype).transpose(0, 1)  # [KVH, S, D]
+            vi = v_buf[slots].to(q.dtype).transpose(0, 1)
+            oi = F.scaled_dot_product_attention(
+                qi.unsqueeze(0), ki.unsqueeze(0), vi.unsqueeze(0),
+                attn_mask=mask, scale=layer.scaling,
+                enable_gqa=layer.num_heads != layer.num_kv_heads,
+            )
+            out[start : start + ext_len] = oi[0].transpose(0, 1)
+        return out
+
+    def forward_decode(
+        self, q: torch.Tensor, layer: AttentionLayer, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        fb = forward_batch
+        meta: TorchNativeMetadata = fb.attn_metadata
+        assert meta.padded_slots is not None and meta.padded_valid is not None
+        assert meta.padded_key_pos is not None
+        k = fb.kv_pool.get_k(layer.layer_id)[meta.padded_slots].to(q.dtype)  # [B, L, KVH, D]
+        v = fb.kv_pool.get_v(layer.layer_id)[meta.padded_slots].to(q.dtype)
+        valid = meta.padded_valid
+        if layer.sliding_window is not None:
+            first_key = fb.seq_lens[:, None] - layer.sliding_window
+            valid = valid & (meta.padded_key_pos[None, :] >= first_key)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2),  # [B, H, 1, D]
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=valid[:, None, None, :],
+            scale=layer.scaling,
+            enable_gqa=layer.num_heads != layer.num_kv_heads,
+        )
+        return out.squeeze(2)
+
+    @staticmethod
+    def _window_mask(
+        seq_len: int, prefix_len: int, ext_len: int, window: int, device: torch.device
+    ) -> torch.Tensor:
+        q_pos = torch.arange(prefix_len, prefix_len + ext_len, device=device)
+        k_pos = torch.arange(seq_len, device=device)
+        return k_pos[None, :] > q_pos[:, None] - window

@@ -1,0 +1,72 @@
+"""Built-in plugin: the reference attention backend and the two core cache policies.
+
+Registered through exactly the same hooks as external plugins; it is essential and cannot be
+disabled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plugserve.attention.base import BackendCapabilities
+from plugserve.hookspecs import hookimpl
+from plugserve.registry import (
+    CachePolicyCapabilities,
+    RegisterAttentionBackend,
+    RegisterCachePolicy,
+    RegisterSpecAlgorithm,
+    SpecCapabilities,
+)
+
+
+def _torch_native() -> Any:
+    from plugserve.attention.torch_native import TorchNativeBackend
+
+    return TorchNativeBackend
+
+
+def _radix() -> Any:
+    from plugserve.cache.radix import RadixCache
+
+    return RadixCache
+
+
+def _no_cache() -> Any:
+    from plugserve.cache.no_cache import NoCache
+
+    return NoCache
+
+
+def _no_spec() -> Any:
+    return None
+
+
+@hookimpl
+def plugserve_register_attention_backends(register: RegisterAttentionBackend) -> None:
+    register(
+        "torch_native",
+        _torch_native,
+        BackendCapabilities(page_gt1_topk_gt1=True),
+        description="reference backend in plain PyTorch; any page size; CPU and CUDA",
+    )
+
+
+@hookimpl
+def plugserve_register_cache_policies(register: RegisterCachePolicy) -> None:
+    register("radix", _radix, CachePolicyCapabilities(), description="page-aligned radix tree")
+    register(
+        "none",
+        _no_cache,
+        CachePolicyCapabilities(prefix_sharing=False),
+        description="no prefix cache: every request's KV is freed when it ends",
+    )
+
+
+@hookimpl
+def plugserve_register_spec_algorithms(register: RegisterSpecAlgorithm) -> None:
+    register(
+        "none",
+        _no_spec,
+        SpecCapabilities(topk_gt1=False),
+        description="no speculative decoding",
+    )

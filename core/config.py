@@ -1,0 +1,91 @@
+"""Engine configuration: one pydantic-settings model, read from arguments and `PLUGSERVE_*`.
+
+Only values that are wrong on their own are checked here; combinations that depend on the
+selected plugins (a backend's page sizes, topk>1 support, ...) are checked by
+`plugserve.registry.validate_config`, which gathers every reason at once.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+class EngineConfig(BaseSettings):
+    """Everything the engine needs to start. Field names map to `PLUGSERVE_<NAME>` variables."""
+
+    model_config = SettingsConfigDict(env_prefix="PLUGSERVE_", extra="forbid", frozen=True)
+
+    # What to run.
+    model: str | None = Field(
+        default=None, description="HF model folder or .gguf file; None = built-in SmolLM2-135M"
+    )
+    tokenizer: str | None = Field(default=None, description="tokenizer folder, if not the model's")
+    dtype: DType = "float32"
+    device: str = "cpu"
+    seed: int = 0
+
+    # Plugins, picked by name.
+    attention: str = "torch_native"
+    cache: str = "radix"
+    spec: str = "none"
+    plugins: str | None = Field(
+        default=None,
+        description="comma-separated allowlist of external plugins to load; '' = built-ins only",
+    )
+
+    # Memory.
+    page_size: int = Field(default=1, ge=1, le=256)
+    max_running_requests: int = Field(default=64, ge=1, description="request rows in req_to_token")
+    kv_pool_tokens: int | None = Field(
+        default=None, ge=1, description="KV slots per pool (tokens); None = sized from context"
+    )
+    context_len: int | None = Field(default=None, ge=2, description="max tokens per request")
+
+    # Scheduling.
+    chunked_prefill_size: int = Field(
+        default=2048, ge=0, description="prefill token budget per step; 0 = no chunking"
+    )
+    max_prefill_tokens: int = Field(default=8192, ge=1)
+    enable_mixed_chunk: bool = False
+    overlap: bool = False
+
+    # Speculative decoding (used by spec plugins).
+    draft_model: str | None = None
+    spec_steps: int = Field(default=3, ge=1)
+    spec_topk: int = Field(default=1, ge=1)
+    spec_draft_tokens: int | None = Field(default=None, ge=1)
+
+    # Accounting checks.
+    mem_check: int = Field(default=0, ge=0, le=2, description="0 off, 1 quiet, 2 verbose")
+    check_pages: bool = False
+    mem_check_ring_size: int = Field(default=64, ge=1)
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if value.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EngineConfig:
+        if self.chunked_prefill_size and self.chunked_prefill_size < self.page_size:
+            raise ValueError(
+                f"chunked_prefill_size ({self.chunked_prefill_size}) must be 0 (off) or at least "
+                f"page_size ({self.page_size})"
+            )
+        if self.enable_mixed_chunk and not self.chunked_prefill_size:
+            raise ValueError("enable_mixed_chunk needs chunked prefill (chunked_prefill_size > 0)")
+        return self
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Tree nodes sent to verify; a chain (topk 1) always sends num_steps + 1."""
+        if self.spec_topk == 1:
+            return self.spec_steps + 1
+        return self.spec_draft_tokens or self.spec_steps * self.spec_topk

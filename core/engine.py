@@ -1,0 +1,319 @@
+"""Engine facade: start-up (plugins, model, pools, scheduler), generate, stream, abort."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+import torch
+from plugserve import fixes, hookspecs
+from plugserve.attention.base import AttentionContext
+from plugserve.config import EngineConfig
+from plugserve.mem.allocator import PagedAllocator, ceil_align
+from plugserve.mem.kv_pool import KVPool
+from plugserve.mem.req_to_token import ReqToTokenPool
+from plugserve.plugins import PluginHost, get_plugin_host, parse_plugin_options
+from plugserve.registry import validate_config
+from plugserve.runner.model_runner import ModelRunner
+from plugserve.sampling import SamplingParams
+from plugserve.sched.req import Req
+from plugserve.sched.scheduler import Scheduler
+
+DEFAULT_KV_BYTES = 2 << 30  # KV pool budget when kv_pool_tokens is not given
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class EngineStartError(RuntimeError):
+    """The engine cannot start; the message lists every reason."""
+
+
+@dataclass
+class GenerateResult:
+    index: int
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str | None
+    error: str | None = None
+    logprobs: list[float] | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StreamEvent:
+    index: int
+    token_ids: list[int]  # new tokens since the last event for this request
+    text: str  # decoded text of the new tokens
+    finished: bool
+    result: GenerateResult | None = None  # set on the final event
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return _DTYPES[name]
+
+
+class Engine:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        plugins: Sequence[str] = (),
+        **overrides: Any,
+    ) -> None:
+        if config is None:
+            config = EngineConfig(**overrides)
+        elif overrides:
+            config = config.model_copy(update=overrides)
+        self.config = config
+        enabled, disabled = parse_plugin_options(plugins)
+        self.host: PluginHost = get_plugin_host(enabled, disabled)
+        reasons = validate_config(config, self.host.registries)
+        try:
+            fixes.check_requested_reverts()
+        except ValueError as exc:
+            reasons.append(str(exc))
+        if reasons:
+            raise EngineStartError(
+                "unsupported configuration:\n" + "\n".join(f"  - {r}" for r in reasons)
+            )
+        torch.manual_seed(config.seed)
+        self._build(config)
+
+    # --- start-up ---------------------------------------------------------------------------
+    def _build(self, cfg: EngineConfig) -> None:
+        from plugserve.model import load_model
+
+        self.device = torch.device(cfg.device)
+        self.dtype = _torch_dtype(cfg.dtype)
+        loaded = load_model(cfg.model, dtype=self.dtype, device=self.device)
+        self.model = loaded.model
+        self.arch = loaded.arch
+        self.tokenizer = loaded.tokenizer
+        arch = self.arch
+        self.context_len = min(cfg.context_len or arch.max_position_embeddings,
+                               arch.max_position_embeddings)
+        page = cfg.page_size
+        bytes_per_token = (
+            arch.num_hidden_layers * 2 * arch.num_key_value_heads * arch.head_dim
+            * torch.finfo(self.dtype).bits // 8
+        )
+        pool_tokens = cfg.kv_pool_tokens or min(
+            cfg.max_running_requests * self.context_len, DEFAULT_KV_BYTES // bytes_per_token
+        )
+        num_pages = max(1, pool_tokens // page)
+
+        self.hook_pm = self._lifecycle_plugins()
+        extra = [w for w in self.hook_pm.hook.plugserve_extra_row_width(config=cfg) if w]
+        row_width = ceil_align(self.context_len + 2 + max(extra, default=0), page) + page
+        self.req_to_token_pool = ReqToTokenPool(cfg.max_running_requests, row_width, self.device)
+        self.allocator = PagedAllocator(num_pages, page)
+        layers = arch.attention_layers()
+        self.kv_pool = KVPool(
+            num_pages=num_pages, page_size=page, layer_ids=[layer.layer_id for layer in layers],
+            num_kv_heads=arch.num_key_value_heads, head_dim=arch.head_dim, dtype=self.dtype,
+            device=self.device,
+        )
+        registries = self.host.registries
+        backend_cls = registries.attention.get(cfg.attention).load()
+        self.backend = backend_cls(
+            AttentionContext(
+                num_heads=arch.num_attention_heads, num_kv_heads=arch.num_key_value_heads,
+                head_dim=arch.head_dim, page_size=page, max_batch_size=cfg.max_running_requests,
+                context_len=self.context_len, dtype=self.dtype, device=self.device,
+                spec_topk=cfg.spec_topk,
+            )
+        )
+        cache_cls = registries.cache.get(cfg.cache).load()
+        self.tree_cache = cache_cls(self.req_to_token_pool, self.allocator, page)
+        self.runner = ModelRunner(self.model, self.backend, self.kv_pool,
+                                  self.req_to_token_pool, self.context_len, self.device)
+        self.scheduler = Scheduler(
+            cfg, self.runner, self.req_to_token_pool, self.allocator, self.tree_cache,
+            self.hook_pm.hook, self.tokenizer.eos_token_ids, self.tokenizer.decode,
+        )
+        self.scheduler.kv_pools = [self.kv_pool]
+        self.hook_pm.hook.plugserve_engine_configured(config=cfg, scheduler=self.scheduler)
+        self._rids = itertools.count()
+        self._closed = False
+
+    def _lifecycle_plugins(self) -> pluggy.PluginManager:
+        """A plugin manager for this engine alone: the loaded plugins plus this engine's
+        checker instances, so two engines in one process never see each other's steps."""
+        pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        pm.add_hookspecs(hookspecs)
+        for name, plugin in self.host.pm.list_name_plugin():
+            pm.register(plugin, name=name)
+        self.checkers: list[Any] = []
+        if self.config.mem_check > 0:
+            for entry in self.host.registries.checkers:
+                checker = entry.load()(self.config)
+                pm.register(checker, name=f"checker:{entry.name}")
+                self.checkers.append(checker)
+        return pm
+
+    # --- requests ---------------------------------------------------------------------------
+    def _to_ids(self, prompt: str | list[int], chat: bool) -> list[int]:
+        if isinstance(prompt, str):
+            if chat:
+                return list(self.tokenizer.apply_chat_template([{"role": "user",
+                                                                  "content": prompt}]))
+            return list(self.tokenizer.encode(prompt))
+        return list(prompt)
+
+    def _problems(self, ids: list[int], sp: SamplingParams) -> list[str]:
+        out = sp.problems(self.arch.vocab_size)
+        if not ids:
+            out.append("prompt is empty")
+        elif len(ids) >= self.context_len:
+            out.append(f"prompt has {len(ids)} tokens; the context holds {self.context_len}, "
+                       "and at least one must be left to generate")
+        bad = [t for t in ids if not 0 <= t < self.arch.vocab_size]
+        if bad:
+            out.append(f"prompt has token ids outside the vocabulary (0..{self.arch.vocab_size - 1}):"
+                       f" {bad[:5]}")
+        need = min(len(ids) + max(sp.max_new_tokens, 1), self.context_len)
+        if ids and ceil_align(need, self.config.page_size) > self.allocator.total_slots:
+            out.append(f"request needs up to {need} KV slots but the pool holds "
+                       f"{self.allocator.total_slots}; raise kv_pool_tokens")
+        return out
+
+    def submit(
+        self, prompt: str | list[int], sampling: SamplingParams | None = None, *, chat: bool = False
+    ) -> Req:
+        """Queue one request (rejected requests come back finished with `error` set)."""
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        sp = sampling or SamplingParams()
+        rid = next(self._rids)
+        try:
+            ids = self._to_ids(prompt, chat)
+        except Exception as exc:
+            ids = []
+            problems = [f"could not tokenize the prompt: {exc}"]
+        else:
+            problems = self._problems(ids, sp)
+        req = Req(rid, ids, sp)
+        if problems:
+            req.finished_reason = "error"
+            req.error = "; ".join(problems)
+            req.finish_released = True
+        else:
+            self.scheduler.add_request(req)
+        return req
+
+    def abort(self, req: Req) -> bool:
+        return self.scheduler.abort(req.rid)
+
+    def generate(
+        self,
+        prompts: Sequence[str | list[int]] | str,
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        chat: bool = False,
+    ) -> list[GenerateResult]:
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        params = self._per_prompt(sampling, len(prompts))
+        reqs = [self.submit(p, sp, chat=chat) for p, sp in zip(prompts, params, strict=True)]
+        self.scheduler.run_until_idle()
+        return [self._result(i, r) for i, r in enumerate(reqs)]
+
+    def stream(
+        self,
+        prompts: Sequence[str | list[int]] | str,
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        chat: bool = False,
+    ) -> Iterator[StreamEvent]:
+        """Yield new tokens per request as steps produce them; a final event per request."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        params = self._per_prompt(sampling, len(prompts))
+        reqs = [self.submit(p, sp, chat=chat) for p, sp in zip(prompts, params, strict=True)]
+        sent = [0] * len(reqs)
+        done = [False] * len(reqs)
+        sched = self.scheduler
+        while True:
+            progressed = sched.step()
+            for i, req in enumerate(reqs):
+                if done[i]:
+                    continue
+                n = len(req.output_ids)
+                finished = req.finished() and (req.finish_released or req.error is not None)
+                if n > sent[i] or finished:
+                    new = req.output_ids[sent[i] : n]
+                    sent[i] = n
+                    done[i] = finished
+                    yield StreamEvent(i, new, self.tokenizer.decode(new), finished,
+                                      self._result(i, req) if finished else None)
+            if not progressed and sched.is_idle():
+                sched._settle_idle()
+                sched.hook.plugserve_scheduler_idle(scheduler=sched)
+                break
+
+    @staticmethod
+    def _per_prompt(
+        sampling: SamplingParams | Sequence[SamplingParams] | None, n: int
+    ) -> list[SamplingParams]:
+        if sampling is None:
+            return [SamplingParams()] * n
+        if isinstance(sampling, SamplingParams):
+            return [sampling] * n
+        if len(sampling) != n:
+            raise ValueError(f"got {len(sampling)} sampling params for {n} prompts")
+        return list(sampling)
+
+    def _result(self, index: int, req: Req) -> GenerateResult:
+        ids = list(req.output_ids)
+        text = self.tokenizer.decode(ids) if ids else ""
+        stop_str = req.extra.get("stop_str")
+        if stop_str and stop_str in text:
+            text = text[: text.index(stop_str)]
+        stats: dict[str, Any] = {"cached_tokens": int(req.extra.get("cached_tokens", 0)),
+                                 "retractions": req.retract_count}
+        if req.first_token_s is not None:
+            stats["ttft_s"] = req.first_token_s - req.created_s
+        if req.finished_s is not None:
+            latency = req.finished_s - req.created_s
+            stats["latency_s"] = latency
+            stats["output_tokens_per_s"] = len(ids) / latency if latency > 0 else 0.0
+        if req.spec_verify_steps:
+            stats["spec_verify_steps"] = req.spec_verify_steps
+            stats["spec_accepted_tokens"] = req.spec_accepted_tokens
+            stats["spec_accept_len_mean"] = len(ids) / req.spec_verify_steps
+            stats["spec_accept_hist"] = dict(req.spec_accept_hist)
+        return GenerateResult(
+            index=index, text=text, token_ids=ids, prompt_tokens=len(req.origin_input_ids),
+            output_tokens=len(ids), finish_reason=req.finished_reason, error=req.error,
+            logprobs=list(req.output_logprobs) if req.sampling.logprobs else None, stats=stats,
+        )
+
+    # --- introspection ----------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        sched = self.scheduler
+        out: dict[str, Any] = dict(sched.stats)
+        out["step_time_s"] = {**dict(sched.step_time_s), **dict(self.runner.time_s)}
+        out["kv_available_slots"] = self.allocator.available_size()
+        out["kv_total_slots"] = self.allocator.total_slots
+        out["cache_evictable_slots"] = self.tree_cache.evictable_size()
+        out["cache_protected_slots"] = self.tree_cache.protected_size()
+        for checker in self.checkers:
+            if hasattr(checker, "counters"):
+                out.setdefault("checker", {}).update(checker.counters())
+        return out
+
+    def close(self) -> None:
+        if not self._closed:
+            self.scheduler.close()
+            self._closed = True
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,356 @@
+"""Named registries filled by the register_* hooks, capabilities as data, config validation.
+
+The core picks every plugin by name. An unknown name is an error that lists the valid ones;
+`validate_config` gathers every reason a configuration is unsupported, so one error can list
+them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from plugserve.attention.base import BackendCapabilities
+
+if TYPE_CHECKING:
+    from plugserve.config import EngineConfig
+
+# The one place that says which attention backends may run tree drafting (topk>1) on a paged
+# cache (page_size>1): they can express the per-branch holey layout of DESIGN.md §5. A
+# backend's own `page_gt1_topk_gt1` capability is only a claim; this list decides.
+PAGE_TREE_WHITELIST: tuple[str, ...] = ("torch_native", "triton", "flashinfer", "fa3")
+
+# Built-ins that cannot be disabled with `--plugin no:NAME`: the engine cannot run without them.
+ESSENTIAL_PLUGINS: tuple[str, ...] = ("builtin",)
+
+
+class RegistryError(ValueError):
+    """A name is unknown, registered twice, or a configuration is unsupported."""
+
+
+class EntryLoadError(RegistryError):
+    """A registered loader failed: the plugin was selected but cannot run here."""
+
+
+@dataclass(frozen=True)
+class SpecCapabilities:
+    topk_gt1: bool = True  # tree drafting (several branches per draft step)
+    overlap: bool = True  # v2: accepted length resolved one step late
+    needs_draft_model: bool = False
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CachePolicyCapabilities:
+    prefix_sharing: bool = True
+    sliding_window: bool = False
+    sessions: bool = False
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class Entry(Generic[T]):
+    kind: str
+    name: str
+    loader: Callable[[], T]
+    capabilities: Any = None
+    description: str = ""
+    plugin: str = ""  # plugin (entry point name) that registered it
+    distribution: str = ""
+    version: str = ""
+    _loaded: T | None = field(default=None, repr=False)
+
+    def load(self) -> T:
+        """Import and return the registered object (heavy imports happen only here)."""
+        if self._loaded is None:
+            try:
+                self._loaded = self.loader()
+            except Exception as exc:
+                raise EntryLoadError(
+                    f"{self.kind} {self.name!r} (plugin {self.plugin!r}, "
+                    f"{self.distribution or 'built-in'}) could not be loaded: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        return self._loaded
+
+    def capabilities_dict(self) -> dict[str, Any]:
+        caps = self.capabilities
+        if caps is None:
+            return {}
+        if hasattr(caps, "as_dict"):
+            return dict(caps.as_dict())
+        return dict(caps.__dict__)
+
+    def origin(self) -> str:
+        """`plugin 'x' (dist 1.0)`: who registered this entry, for error messages."""
+        dist = f"{self.distribution} {self.version}".strip() or "built-in"
+        return f"plugin {self.plugin!r} ({dist})"
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, Entry[T]] = {}
+
+    def add(self, entry: Entry[T]) -> None:
+        if entry.name in self._entries:
+            raise RegistryError(duplicate_message(self._entries[entry.name], entry))
+        self._entries[entry.name] = entry
+
+    def get(self, name: str) -> Entry[T]:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise RegistryError(
+                f"unknown {self.kind} {name!r}; available: {', '.join(self.names()) or 'none'}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[Entry[T]]:
+        return iter(self._entries[name] for name in self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def duplicate_message(first: Entry[Any], second: Entry[Any]) -> str:
+    return (
+        f"{first.kind} {first.name!r} is registered twice: by {first.origin()} and by "
+        f"{second.origin()}; uninstall one, or disable it with --plugin no:{second.plugin}"
+    )
+
+
+class RegisterAttentionBackend(Protocol):
+    def __call__(
+        self,
+        name: str,
+        loader: Callable[[], Any],
+        capabilities: BackendCapabilities,
+        description: str = "",
+    ) -> None: ...
+
+
+class RegisterSpecAlgorithm(Protocol):
+    def __call__(
+        self,
+        name: str,
+        loader: Callable[[], Any],
+        capabilities: SpecCapabilities | None = None,
+        description: str = "",
+    ) -> None: ...
+
+
+class RegisterCachePolicy(Protocol):
+    def __call__(
+        self,
+        name: str,
+        loader: Callable[[], Any],
+        capabilities: CachePolicyCapabilities | None = None,
+        description: str = "",
+    ) -> None: ...
+
+
+class RegisterInvariantChecker(Protocol):
+    def __call__(self, name: str, loader: Callable[[], Any], description: str = "") -> None: ...
+
+
+class RegisterFixToggle(Protocol):
+    def __call__(self, name: str, description: str) -> None: ...
+
+
+@dataclass
+class Registries:
+    attention: Registry[Any] = field(default_factory=lambda: Registry("attention backend"))
+    spec: Registry[Any] = field(default_factory=lambda: Registry("speculative algorithm"))
+    cache: Registry[Any] = field(default_factory=lambda: Registry("cache policy"))
+    checkers: Registry[Any] = field(default_factory=lambda: Registry("invariant checker"))
+
+    def all_entries(self) -> list[Entry[Any]]:
+        return [*self.attention, *self.spec, *self.cache, *self.checkers]
+
+
+@dataclass
+class Staging:
+    """What one plugin registers, held apart until all of its register hooks succeed.
+
+    A plugin that fails half-way then leaves nothing behind in the registries.
+    """
+
+    plugin: str
+    distribution: str
+    version: str
+    entries: list[tuple[Registry[Any], Entry[Any]]] = field(default_factory=list)
+    fix_toggles: list[tuple[str, str]] = field(default_factory=list)
+
+    def registrar(self, registry: Registry[Any], caps_type: type | None) -> Callable[..., None]:
+        """The `register` callable a register hook gets; `caps_type` None = no capabilities."""
+        if caps_type is None:
+
+            def register_without_capabilities(
+                name: str, loader: Callable[[], Any], description: str = ""
+            ) -> None:
+                self._add(registry, None, name, loader, None, description)
+
+            return register_without_capabilities
+
+        def register(
+            name: str, loader: Callable[[], Any], capabilities: Any = None, description: str = ""
+        ) -> None:
+            self._add(registry, caps_type, name, loader, capabilities, description)
+
+        return register
+
+    def fix_toggle_registrar(self) -> RegisterFixToggle:
+        def register(name: str, description: str) -> None:
+            if not isinstance(name, str) or not name:
+                raise RegistryError(f"fix toggle name must be a non-empty string, got {name!r}")
+            self.fix_toggles.append((name, description))
+
+        return register
+
+    def _add(
+        self,
+        registry: Registry[Any],
+        caps_type: type | None,
+        name: str,
+        loader: Callable[[], Any],
+        capabilities: Any,
+        description: str,
+    ) -> None:
+        kind = registry.kind
+        if not isinstance(name, str) or not name:
+            raise RegistryError(f"{kind} name must be a non-empty string, got {name!r}")
+        if not callable(loader):
+            raise RegistryError(
+                f"{kind} {name!r}: loader must be a zero-argument callable, got {loader!r}"
+            )
+        # Attention backends must state their capabilities; the others have safe defaults.
+        if capabilities is None and caps_type in (SpecCapabilities, CachePolicyCapabilities):
+            capabilities = caps_type()
+        if caps_type is not None and not isinstance(capabilities, caps_type):
+            raise RegistryError(
+                f"{kind} {name!r}: capabilities must be a {caps_type.__name__}, "
+                f"got {type(capabilities).__name__}"
+            )
+        entry: Entry[Any] = Entry(
+            kind=kind,
+            name=name,
+            loader=loader,
+            capabilities=capabilities,
+            description=description,
+            plugin=self.plugin,
+            distribution=self.distribution,
+            version=self.version,
+        )
+        self.entries.append((registry, entry))
+
+
+def _device_kind(device: str) -> str:
+    return device.split(":")[0]
+
+
+def validate_config(
+    config: EngineConfig, registries: Registries, *, sliding_window: bool = False
+) -> list[str]:
+    """Every reason `config` cannot run with the registered plugins (empty list = fine).
+
+    `sliding_window` says the model has sliding-window layers (known once its config is read).
+    """
+    reasons: list[str] = []
+    for registry, name in (
+        (registries.attention, config.attention),
+        (registries.cache, config.cache),
+        (registries.spec, config.spec),
+    ):
+        if name not in registry:
+            reasons.append(
+                f"unknown {registry.kind} {name!r}; available: {', '.join(registry.names())}"
+            )
+    if config.attention in registries.attention:
+        reasons += _attention_reasons(
+            config, registries.attention.get(config.attention), sliding_window
+        )
+    if config.spec != "none" and config.spec in registries.spec:
+        reasons += _spec_reasons(config, registries.spec.get(config.spec))
+    if config.mem_check > 0 and len(registries.checkers) == 0:
+        reasons.append(
+            f"mem_check={config.mem_check} needs an invariant checker, but none is registered; "
+            "install plugserve-checker (pip install -e plugins/checker) or use mem_check=0"
+        )
+    return reasons
+
+
+def _attention_reasons(config: EngineConfig, entry: Entry[Any], sliding_window: bool) -> list[str]:
+    reasons: list[str] = []
+    name = entry.name
+    caps: BackendCapabilities = entry.capabilities
+    device = _device_kind(config.device)
+    if device not in caps.devices:
+        reasons.append(
+            f"attention backend {name!r} does not run on {device!r}; "
+            f"it supports {sorted(caps.devices)}"
+        )
+    if config.dtype not in caps.dtypes:
+        reasons.append(
+            f"attention backend {name!r} does not support dtype {config.dtype!r}; "
+            f"it supports {sorted(caps.dtypes)}"
+        )
+    if caps.page_sizes is not None and config.page_size not in caps.page_sizes:
+        reasons.append(
+            f"attention backend {name!r} does not support page_size "
+            f"{config.page_size}; it supports {sorted(caps.page_sizes)}"
+        )
+    if sliding_window and not caps.sliding_window:
+        reasons.append(
+            f"the model has sliding-window layers; attention backend {name!r} does not "
+            "support sliding windows"
+        )
+    speculative = config.spec != "none"
+    if speculative and not caps.custom_mask:
+        reasons.append(
+            f"speculative decoding needs a tree-mask verify; attention backend {name!r} has none"
+        )
+    if speculative and config.spec_topk > 1:
+        if config.page_size == 1 and not caps.topk_gt1:
+            reasons.append(
+                f"attention backend {name!r} does not support topk>1 drafting "
+                f"(spec_topk={config.spec_topk})"
+            )
+        if config.page_size > 1 and name not in PAGE_TREE_WHITELIST:
+            reasons.append(
+                f"attention backend {name!r} may not run page_size>1 "
+                f"(page_size={config.page_size}) with topk>1 (spec_topk={config.spec_topk}); "
+                f"allowed backends: {', '.join(PAGE_TREE_WHITELIST)}"
+            )
+    return reasons
+
+
+def _spec_reasons(config: EngineConfig, entry: Entry[Any]) -> list[str]:
+    reasons: list[str] = []
+    caps: SpecCapabilities = entry.capabilities or SpecCapabilities()
+    if config.spec_topk > 1 and not caps.topk_gt1:
+        reasons.append(
+            f"speculative algorithm {entry.name!r} does not support topk>1 "
+            f"(spec_topk={config.spec_topk}); use spec_topk=1"
+        )
+    if config.overlap and not caps.overlap:
+        reasons.append(f"speculative algorithm {entry.name!r} does not support the overlap loop")
+    if caps.needs_draft_model and not config.draft_model:
+        reasons.append(
+            f"speculative algorithm {entry.name!r} needs a draft model; set draft_model "
+            "(--draft-model PATH)"
+        )
+    return reasons

@@ -1,0 +1,144 @@
+"""Model runner: turns a ScheduleBatch into a ForwardBatch, runs the model, samples.
+
+`prepare` runs on the scheduler thread and snapshots everything the forward needs, so the
+scheduler may change its batches while the forward runs (overlap loop). `run` may run on a
+worker thread; it resolves *future* input tokens (negative ids -k-1 = entry k of the future
+buffer, written by an earlier forward) before the model runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from plugserve.attention.base import AttentionBackend
+from plugserve.mem.kv_pool import KVPool
+from plugserve.mem.req_to_token import ReqToTokenPool
+from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
+from plugserve.runner.sampler import sample
+from plugserve.sampling import SamplingParams
+from plugserve.sched.batch import ScheduleBatch
+from plugserve.sched.req import Req
+
+
+@dataclass
+class PreparedStep:
+    reqs: list[Req]
+    sample_mask: list[bool]
+    future_refs: list[int]
+    forward_batch: ForwardBatch
+    sample_rows: list[int]  # index into reqs of each sampled row
+    params: list[SamplingParams]
+    generators: list[torch.Generator | None]
+    want_logprobs: bool
+
+
+@dataclass
+class StepOutput:
+    next_token_ids: list[int]  # per request in the batch (-1 where nothing was sampled)
+    logprobs: list[float] | None
+    future_refs: list[int]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: Any,
+        backend: AttentionBackend,
+        kv_pool: KVPool,
+        req_to_token_pool: ReqToTokenPool,
+        context_len: int,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.kv_pool = kv_pool
+        self.req_to_token_pool = req_to_token_pool
+        self.context_len = context_len
+        self.device = device
+        self.future_size = 1 << 16
+        self.future_tokens = torch.zeros(self.future_size, dtype=torch.int64, device=device)
+        self._next_ref = 0
+        self.time_s: defaultdict[str, float] = defaultdict(float)
+
+    def assign_future_refs(self, batch: ScheduleBatch) -> list[int]:
+        refs = [(self._next_ref + i) % self.future_size for i in range(len(batch.reqs))]
+        self._next_ref = (self._next_ref + len(batch.reqs)) % self.future_size
+        return refs
+
+    def prepare(self, batch: ScheduleBatch, refs: list[int]) -> PreparedStep:
+        t0 = time.perf_counter()
+        dev = self.device
+        seq_lens = [p + e for p, e in zip(batch.prefix_lens, batch.extend_lens, strict=True)]
+        last_index = []
+        acc = 0
+        for e in batch.extend_lens:
+            acc += e
+            last_index.append(acc - 1)
+        sample_rows = [i for i, s in enumerate(batch.sample_mask) if s]
+        fb = ForwardBatch(
+            mode=batch.mode,
+            input_ids=torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(batch.positions, dtype=torch.int64, device=dev),
+            out_cache_loc=torch.tensor(batch.out_cache_loc, dtype=torch.int64, device=dev),
+            req_pool_indices=batch.req_pool_indices.to(dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
+            extend_prefix_lens=torch.tensor(batch.prefix_lens, dtype=torch.int64, device=dev),
+            extend_seq_lens=torch.tensor(batch.extend_lens, dtype=torch.int64, device=dev),
+            req_to_token=self.req_to_token_pool.req_to_token,
+            kv_pool=self.kv_pool,
+            seq_lens_cpu=seq_lens,
+            extend_prefix_lens_cpu=list(batch.prefix_lens),
+            extend_seq_lens_cpu=list(batch.extend_lens),
+            logits_indices=torch.tensor([last_index[i] for i in sample_rows], dtype=torch.int64,
+                                        device=dev),
+        )
+        if batch.mode is ForwardMode.DECODE:
+            fb.logits_indices = None if len(sample_rows) == len(batch.reqs) else fb.logits_indices
+        reqs = list(batch.reqs)
+        params = [reqs[i].sampling for i in sample_rows]
+        step = PreparedStep(
+            reqs=reqs,
+            sample_mask=list(batch.sample_mask),
+            future_refs=refs,
+            forward_batch=fb,
+            sample_rows=sample_rows,
+            params=params,
+            generators=[reqs[i].generator for i in sample_rows],
+            want_logprobs=any(p.logprobs for p in params),
+        )
+        self.time_s["prepare"] += time.perf_counter() - t0
+        return step
+
+    def run(self, step: PreparedStep) -> StepOutput:
+        fb = step.forward_batch
+        t0 = time.perf_counter()
+        if bool((fb.input_ids < 0).any()):
+            ids = fb.input_ids
+            fb.input_ids = torch.where(ids < 0, self.future_tokens[(-ids - 1).clamp(min=0)], ids)
+        self.backend.init_forward_metadata(fb)
+        t1 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model(fb, self.backend)
+        t2 = time.perf_counter()
+        next_ids = [-1] * len(step.reqs)
+        logprobs_all: list[float] | None = None
+        if step.sample_rows:
+            ids, logprobs = sample(out.logits, step.params, step.generators, step.want_logprobs)
+            for row, token in zip(step.sample_rows, ids, strict=True):
+                next_ids[row] = token
+            refs = torch.tensor([step.future_refs[r] for r in step.sample_rows], dtype=torch.int64)
+            self.future_tokens[refs.to(self.device)] = torch.tensor(ids, dtype=torch.int64,
+                                                                    device=self.device)
+            if logprobs is not None:
+                logprobs_all = [0.0] * len(step.reqs)
+                for row, lp in zip(step.sample_rows, logprobs, strict=True):
+                    logprobs_all[row] = lp
+        t3 = time.perf_counter()
+        self.time_s["metadata"] += t1 - t0
+        self.time_s["forward"] += t2 - t1
+        self.time_s["sample"] += t3 - t2
+        return StepOutput(next_ids, logprobs_all, step.future_refs)

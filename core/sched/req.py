@@ -1,0 +1,82 @@
+"""Req: one generation request and its KV accounting (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from plugserve.sampling import SamplingParams
+
+
+class Req:
+    def __init__(self, rid: int, input_ids: list[int], sampling: SamplingParams) -> None:
+        self.rid = rid
+        self.origin_input_ids = input_ids
+        self.output_ids: list[int] = []
+        self.sampling = sampling
+        self.generator: torch.Generator | None = None
+        if sampling.seed is not None and not sampling.greedy:
+            self.generator = torch.Generator().manual_seed(sampling.seed)
+
+        # Memory.
+        self.req_pool_idx: int | None = None
+        self.prefix_slots: torch.Tensor = torch.empty(0, dtype=torch.int64)
+        self.last_node: Any = None  # prefix-cache node locked for this request
+        self.kv_committed_len = 0  # positions holding valid KV
+        self.kv_allocated_len = 0  # slots reserved in the row (>= committed)
+        self.cache_protected_len = 0  # page-aligned prefix owned and locked by the cache
+        self.kv_committed_freed = False
+        self.kv_overallocated_freed = False
+
+        # Scheduling.
+        self.extend_input_len = 0  # new tokens in the current extend
+        self.is_chunked = 0  # > 0 while a chunked prefill is in progress
+        self.is_retracted = False
+        self.retract_count = 0
+        self.finished_reason: str | None = None
+        self.error: str | None = None
+        self.finish_released = False  # KV released (finish or abort)
+        self.stop_str_trim: int | None = None
+
+        # Results and stats.
+        self.output_logprobs: list[float] = []
+        self.created_s = time.perf_counter()
+        self.first_token_s: float | None = None
+        self.token_times_s: list[float] = []
+        self.finished_s: float | None = None
+        self.spec_verify_steps = 0
+        self.spec_accepted_tokens = 0
+        self.spec_accept_hist: dict[int, int] = {}
+        self.extra: dict[str, Any] = {}
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def reset_for_retract(self) -> None:
+        """Back to a waiting request: its KV was released, its tokens are kept."""
+        self.req_pool_idx = None
+        self.prefix_slots = torch.empty(0, dtype=torch.int64)
+        self.last_node = None
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+        self.cache_protected_len = 0
+        self.kv_committed_freed = False
+        self.kv_overallocated_freed = False
+        self.extend_input_len = 0
+        self.is_chunked = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Req(rid={self.rid}, seq_len={self.seq_len}, committed={self.kv_committed_len}, "
+            f"allocated={self.kv_allocated_len}, protected={self.cache_protected_len}, "
+            f"row={self.req_pool_idx}, finished={self.finished_reason})"
+        )
