@@ -12,6 +12,7 @@ import torch
 from plugserve import fixes, hookspecs
 from plugserve.attention.base import AttentionContext
 from plugserve.config import EngineConfig
+from plugserve.mem.accounting import AccountedPool
 from plugserve.mem.allocator import PagedAllocator, ceil_align
 from plugserve.mem.kv_pool import KVPool
 from plugserve.mem.req_to_token import ReqToTokenPool
@@ -137,6 +138,10 @@ class Engine:
             self.hook_pm.hook, self.tokenizer.eos_token_ids, self.tokenizer.decode,
         )
         self.scheduler.kv_pools = [self.kv_pool]
+        self.scheduler.accounted_pools = [
+            AccountedPool("full", self.allocator, self.tree_cache.evictable_size,
+                          self.tree_cache.protected_size)
+        ]
         self.hook_pm.hook.plugserve_engine_configured(config=cfg, scheduler=self.scheduler)
         self._rids = itertools.count()
         self._closed = False

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugserve.cache.base import PrefixCache
 from plugserve.config import EngineConfig
+from plugserve.mem.accounting import AccountedPool
 from plugserve.mem.allocator import PagedAllocator
 from plugserve.mem.req_to_token import ReqToTokenPool
 from plugserve.runner.forward_batch import ForwardMode
@@ -61,6 +62,7 @@ class Scheduler:
         self.step_time_s: collections.defaultdict[str, float] = collections.defaultdict(float)
         self.finished_reqs: list[Req] = []  # filled each step, drained by the engine
         self.kv_pools: list[Any] = []  # every KV pool, for checkers
+        self.accounted_pools: list[AccountedPool] = []  # set by the engine
 
     # --- requests -------------------------------------------------------------------------
     def add_request(self, req: Req) -> None:

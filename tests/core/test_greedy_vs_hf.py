@@ -8,24 +8,27 @@ from pathlib import Path
 import pytest
 from plugserve.sampling import SamplingParams
 from plugserve.testing import EngineTest
+from plugserve.testing.reference import hf_greedy, random_prompts
 from plugserve.testing.tiny_models import make_tiny_model_dir
-
-from .conftest import hf_greedy, random_prompts
 
 VOCAB = 256
 
 
-def _workload() -> tuple[list[list[int]], list[int]]:
+def _workload(long_decodes: bool = False) -> tuple[list[list[int]], list[int]]:
     prompts = random_prompts(6, VOCAB, 3, 40, seed=1)
     prompts.append([*prompts[0][:20], 7, 8, 9])  # shares a prefix with prompt 0
     max_new = [12, 5, 20, 9, 16, 1, 14]
+    if long_decodes:  # many requests crossing page boundaries at once: forces retracts
+        max_new = [n + 40 for n in max_new]
     return prompts, max_new
 
 
 @functools.cache
-def _model_and_reference(arch: str, root: str) -> tuple[Path, list[list[int]]]:
+def _model_and_reference(
+    arch: str, root: str, long_decodes: bool = False
+) -> tuple[Path, list[list[int]]]:
     model_dir = make_tiny_model_dir(Path(root) / arch, arch=arch, seed=3)
-    prompts, max_new = _workload()
+    prompts, max_new = _workload(long_decodes)
     return model_dir, hf_greedy(model_dir, prompts, max_new)
 
 
@@ -76,13 +79,13 @@ class TestGreedyMatchesTransformers(EngineTest):
                         enable_mixed_chunk=True, overlap=overlap)
 
     @pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
-    @pytest.mark.parametrize(("page_size", "pool"), [(1, 100), (16, 128)])
+    @pytest.mark.parametrize(("page_size", "pool"), [(1, 128), (16, 128)])
     def test_small_pool_forces_retracts(
         self, page_size: int, pool: int, overlap: bool, ref_root: str
     ) -> None:
         self._root = ref_root
-        model_dir, expected = _model_and_reference("llama", ref_root)
-        prompts, max_new = _workload()
+        model_dir, expected = _model_and_reference("llama", ref_root, long_decodes=True)
+        prompts, max_new = _workload(long_decodes=True)
         with self.engine(model=str(model_dir), page_size=page_size, kv_pool_tokens=pool,
                          overlap=overlap) as engine:
             results = engine.generate(prompts, _sampling(max_new))
