@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from typing import Any
 
 import pluggy
 import torch
+
 from plugserve import fixes, hookspecs
 from plugserve.attention.base import AttentionContext
 from plugserve.config import EngineConfig
@@ -30,6 +32,10 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 class EngineStartError(RuntimeError):
     """The engine cannot start; the message lists every reason."""
+
+
+class EngineStoppedError(RuntimeError):
+    """An earlier step failed (e.g. a KV leak was found): the engine no longer serves."""
 
 
 @dataclass
@@ -145,6 +151,7 @@ class Engine:
         self.hook_pm.hook.plugserve_engine_configured(config=cfg, scheduler=self.scheduler)
         self._rids = itertools.count()
         self._closed = False
+        self._failed: BaseException | None = None
 
     def _lifecycle_plugins(self) -> pluggy.PluginManager:
         """A plugin manager for this engine alone: the loaded plugins plus this engine's
@@ -193,6 +200,10 @@ class Engine:
         """Queue one request (rejected requests come back finished with `error` set)."""
         if self._closed:
             raise RuntimeError("engine is closed")
+        if self._failed is not None:
+            raise EngineStoppedError(
+                f"the engine stopped serving after an earlier error: {self._failed}"
+            )
         sp = sampling or SamplingParams()
         rid = next(self._rids)
         try:
@@ -225,7 +236,8 @@ class Engine:
             prompts = [prompts]
         params = self._per_prompt(sampling, len(prompts))
         reqs = [self.submit(p, sp, chat=chat) for p, sp in zip(prompts, params, strict=True)]
-        self.scheduler.run_until_idle()
+        with self._stop_on_error():
+            self.scheduler.run_until_idle()
         return [self._result(i, r) for i, r in enumerate(reqs)]
 
     def stream(
@@ -244,7 +256,8 @@ class Engine:
         done = [False] * len(reqs)
         sched = self.scheduler
         while True:
-            progressed = sched.step()
+            with self._stop_on_error():
+                progressed = sched.step()
             for i, req in enumerate(reqs):
                 if done[i]:
                     continue
@@ -257,9 +270,19 @@ class Engine:
                     yield StreamEvent(i, new, self.tokenizer.decode(new), finished,
                                       self._result(i, req) if finished else None)
             if not progressed and sched.is_idle():
-                sched._settle_idle()
-                sched.hook.plugserve_scheduler_idle(scheduler=sched)
+                with self._stop_on_error():
+                    sched.settle_idle()
                 break
+
+    @contextlib.contextmanager
+    def _stop_on_error(self) -> Iterator[None]:
+        """Any error inside a step (a leak found by a checker, a model error) leaves memory in
+        an unknown state: stop serving rather than corrupt it."""
+        try:
+            yield
+        except BaseException as exc:
+            self._failed = exc
+            raise
 
     @staticmethod
     def _per_prompt(

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 import pluggy
+
 from plugserve import builtin, hookspecs
 from plugserve.attention.base import BackendCapabilities
 from plugserve.fixes import register_fix_toggle

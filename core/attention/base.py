@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
+
 from plugserve.runner.forward_batch import ForwardBatch
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from plugserve.attention.base import AttentionBackend, AttentionLayer, BackendCapabilities
 from plugserve.runner.forward_batch import ForwardBatch
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from plugserve import fixes
 from plugserve.mem.allocator import PagedAllocator, ceil_align, floor_align
 from plugserve.mem.req_to_token import ReqToTokenPool

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from plugserve.cache.base import MatchResult, PrefixCache
 
 _EMPTY = torch.empty(0, dtype=torch.int64)

@@ -11,6 +11,7 @@ import itertools
 from typing import Any
 
 import torch
+
 from plugserve.cache.base import MatchResult, PrefixCache
 from plugserve.mem.allocator import PagedAllocator, floor_align
 from plugserve.mem.req_to_token import ReqToTokenPool

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from plugserve.attention.base import AttentionBackend
 from plugserve.mem.kv_pool import KVPool
 from plugserve.mem.req_to_token import ReqToTokenPool

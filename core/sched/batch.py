@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
 from plugserve.runner.forward_batch import ForwardMode
 from plugserve.sched.req import Req
 

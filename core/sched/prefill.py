@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+
 from plugserve.mem.allocator import floor_align
 from plugserve.runner.forward_batch import ForwardMode
 from plugserve.sched.batch import ScheduleBatch
@@ -52,6 +53,12 @@ def _extend(sched: Scheduler, req: Req, extend_len: int) -> list[int] | None:
 
 def _admit(sched: Scheduler, req: Req) -> bool:
     """Give a waiting request a row and its cached prefix. False if no row is free."""
+    if req.kv_allocated_len or req.req_pool_idx is not None:
+        raise RuntimeError(
+            f"request {req.rid} enters prefill still holding KV state (row {req.req_pool_idx}, "
+            f"committed {req.kv_committed_len}, allocated {req.kv_allocated_len}); a retract "
+            "must reset its lengths"
+        )
     row = sched.req_to_token_pool.alloc()
     if row is None:
         return False

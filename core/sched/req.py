@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import torch
+
 from plugserve.sampling import SamplingParams
 
 

@@ -249,14 +249,14 @@ class Scheduler:
             if on_step is not None:
                 on_step()
             if not progressed and self.is_idle():
-                self._settle_idle()
-                self.hook.plugserve_scheduler_idle(scheduler=self)
+                self.settle_idle()
                 return
 
-    def _settle_idle(self) -> None:
-        """At idle nothing is running: the last batch no longer owns anything."""
+    def settle_idle(self) -> None:
+        """Nothing waits, runs or is in flight: drop the spent batches, run the idle hook."""
         self.running_batch = ScheduleBatch.empty()
         self.last_batch = None
+        self.hook.plugserve_scheduler_idle(scheduler=self)
 
     def close(self) -> None:
         if self._worker is not None:

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
+
 from plugserve.engine import Engine
 from plugserve.testing.memory import assert_memory_whole
 

@@ -1,0 +1,107 @@
+"""Each core fix toggle: the old behaviour fails the test, the fixed code passes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plugserve.engine import Engine
+from plugserve.sampling import SamplingParams
+from plugserve.sched import decode
+from plugserve.testing import EngineTest
+from plugserve_checker.errors import KVAccountingError
+
+LONG = SamplingParams(max_new_tokens=40, ignore_eos=True)
+
+
+def _prompts(n: int, length: int) -> list[list[int]]:
+    return [[(13 * j + 7 * i) % 200 + 3 for j in range(length + 3 * i)] for i in range(n)]
+
+
+def _staggered(engine: Engine) -> None:
+    """Decodes running while a new prefill batch arrives: last batch != running batch."""
+    sched = engine.scheduler
+    for p in _prompts(3, 8):
+        engine.submit(p, LONG)
+    for _ in range(3):
+        sched.step()
+    for p in _prompts(2, 12):
+        engine.submit(p, LONG)
+    while sched.step():
+        pass
+    sched.settle_idle()
+
+
+class TestBatchIdentity(EngineTest):
+    def test_fixed(self, tiny_model_dir: Path) -> None:
+        with self.engine(model=str(tiny_model_dir)) as engine:
+            _staggered(engine)
+            self.assert_idle_memory_whole(engine)
+
+    def test_reverted_fails(self, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("PLUGSERVE_REVERT_FIX", "batch_identity")
+        with self.engine(model=str(tiny_model_dir)) as engine, pytest.raises(
+            RuntimeError, match="Boolean value of Tensor|must match the size|off by"
+        ):
+            # Comparing batches field by field compares their tensors: it raises (or, for
+            # one-request batches, may drop the running batch from the sum).
+            _staggered(engine)
+
+
+def _overallocating_decode(extra_slots: int) -> Any:
+    """Test double for a speculative decoder: each decode reserves `extra_slots` more slots
+    than it commits (the over-allocation a draft tree leaves behind)."""
+    original = decode.append_decode
+
+    def append_decode(sched: Any, batch: Any, reqs: list[Any]) -> None:
+        original(sched, batch, reqs)
+        for req in reqs:
+            if req.kv_allocated_len > req.kv_committed_len:
+                continue
+            last = int(sched.req_to_token_pool.req_to_token[req.req_pool_idx,
+                                                            req.kv_allocated_len - 1])
+            old = req.kv_allocated_len
+            slots = sched.allocator.extend_slots(last, old, old + extra_slots)
+            assert slots is not None
+            sched.req_to_token_pool.write(req.req_pool_idx, old, slots)
+            req.kv_allocated_len += extra_slots
+
+    return append_decode
+
+
+class TestFinishOverallocUnaligned(EngineTest):
+    env = {"PLUGSERVE_PAGE_SIZE": "4", "PLUGSERVE_CACHE": "none"}
+
+    def _run(self, engine: Engine) -> None:
+        engine.generate(_prompts(2, 6), SamplingParams(max_new_tokens=3, ignore_eos=True))
+
+    def test_fixed(self, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(decode, "append_decode", _overallocating_decode(6))
+        with self.engine(model=str(tiny_model_dir)) as engine:
+            self._run(engine)
+            self.assert_idle_memory_whole(engine)
+
+    def test_reverted_fails(self, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(decode, "append_decode", _overallocating_decode(6))
+        monkeypatch.setenv("PLUGSERVE_REVERT_FIX", "finish_overalloc_unaligned")
+        with self.engine(model=str(tiny_model_dir)) as engine:
+            with pytest.raises(KVAccountingError, match="off by \\+"):
+                self._run(engine)  # the tail page is freed twice
+
+
+class TestRetractNoReset(EngineTest):
+    env = {"PLUGSERVE_KV_POOL_TOKENS": "96"}
+
+    def test_fixed(self, tiny_model_dir: Path) -> None:
+        with self.engine(model=str(tiny_model_dir)) as engine:
+            engine.generate(_prompts(4, 10), LONG)
+            assert engine.stats()["retracted_reqs"] > 0
+            self.assert_idle_memory_whole(engine)
+
+    def test_reverted_fails(self, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("PLUGSERVE_REVERT_FIX", "retract_no_reset")
+        with self.engine(model=str(tiny_model_dir)) as engine:
+            with pytest.raises(RuntimeError, match="a retract must reset its lengths"):
+                engine.generate(_prompts(4, 10), LONG)
