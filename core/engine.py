@@ -80,6 +80,11 @@ class Engine:
         enabled, disabled = parse_plugin_options(plugins)
         self.host: PluginHost = get_plugin_host(enabled, disabled)
         reasons = validate_config(config, self.host.registries)
+        if config.mem_check > 0 and not len(self.host.registries.checkers):
+            reasons.append(
+                f"mem_check={config.mem_check} needs an invariant checker plugin, and none is "
+                "loaded; install plugins/checker (plugserve-checker) or set mem_check=0"
+            )
         try:
             fixes.check_requested_reverts()
         except ValueError as exc:
