@@ -1,0 +1,145 @@
+"""TritonAttentionBackend: the engine-facing side of the Triton kernels.
+
+`init_forward_metadata` builds a `TritonAttnMetadata` once per batch (plain torch, see
+`metadata`); every layer then runs one extend kernel or the two decode kernels over it.
+Building the backend prepares the Triton runtime for the engine's device (on CPU it turns the
+interpreter on if `TRITON_INTERPRET` is unset), then imports the kernels.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
+from plugserve.runner.forward_batch import ForwardBatch
+from plugserve_attention_triton.capabilities import TRITON_CAPABILITIES
+from plugserve_attention_triton.draft_kv import DRAFT_KV_KEYS, DraftKVLists
+from plugserve_attention_triton.metadata import (
+    TritonAttnMetadata,
+    build_decode_metadata,
+    build_extend_metadata,
+    build_request_decode_metadata,
+)
+from plugserve_attention_triton.runtime import prepare_triton_runtime
+
+# Split-KV decode defaults: at most this many chunks per KV list, each at least this long.
+CUDA_MAX_KV_SPLITS = 8
+CUDA_MIN_TOKENS_PER_SPLIT = 256
+CPU_MAX_KV_SPLITS = 2
+CPU_MIN_TOKENS_PER_SPLIT = 256
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+    capabilities = TRITON_CAPABILITIES
+
+    def __init__(
+        self,
+        ctx: AttentionContext,
+        *,
+        max_kv_splits: int | None = None,
+        min_tokens_per_split: int | None = None,
+    ) -> None:
+        super().__init__(ctx)
+        if ctx.num_kv_heads < 1 or ctx.num_heads % ctx.num_kv_heads != 0:
+            raise ValueError(
+                f"attention backend 'triton' needs num_heads ({ctx.num_heads}) to be a "
+                f"multiple of num_kv_heads ({ctx.num_kv_heads})"
+            )
+        self._kernels: ModuleType = prepare_triton_runtime(ctx.device)
+        on_cuda = torch.device(ctx.device).type == "cuda"
+        self.max_kv_splits = max_kv_splits or (CUDA_MAX_KV_SPLITS if on_cuda else CPU_MAX_KV_SPLITS)
+        self.min_tokens_per_split = min_tokens_per_split or (
+            CUDA_MIN_TOKENS_PER_SPLIT if on_cuda else CPU_MIN_TOKENS_PER_SPLIT
+        )
+
+    @property
+    def interpreted(self) -> bool:
+        """Whether the kernels run in Triton's CPU interpreter in this process."""
+        return bool(self._kernels.INTERPRETED)
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        fb = forward_batch
+        if not fb.mode.is_decode():
+            fb.attn_metadata = build_extend_metadata(fb)
+            return
+        lists = DraftKVLists.from_batch(fb)
+        if lists is not None:
+            fb.attn_metadata = build_decode_metadata(
+                kv_indptr_cpu=lists.kv_indptr_cpu(),
+                kv_indices=lists.kv_indices,
+                max_kv_splits=self.max_kv_splits,
+                min_tokens_per_split=self.min_tokens_per_split,
+            )
+            return
+        if fb.num_tokens != fb.batch_size:
+            raise ValueError(
+                f"{fb.mode.value} batch has {fb.num_tokens} queries for {fb.batch_size} "
+                "requests: a topk>1 draft decode must give each branch its KV list in "
+                f"forward_batch.extra ({', '.join(DRAFT_KV_KEYS)}); see "
+                "plugserve_attention_triton.draft_kv"
+            )
+        fb.attn_metadata = build_request_decode_metadata(
+            fb, max_kv_splits=self.max_kv_splits, min_tokens_per_split=self.min_tokens_per_split
+        )
+
+    def forward_extend(
+        self, q: torch.Tensor, layer: AttentionLayer, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        meta = self._metadata(forward_batch, decode=False)
+        k_buffer, v_buffer = self._buffers(layer, forward_batch)
+        return self._kernels.extend_attention(
+            _rows_contiguous(q), k_buffer, v_buffer, meta,
+            scaling=layer.scaling, sliding_window=_window(layer),
+        )
+
+    def forward_decode(
+        self, q: torch.Tensor, layer: AttentionLayer, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        meta = self._metadata(forward_batch, decode=True)
+        k_buffer, v_buffer = self._buffers(layer, forward_batch)
+        return self._kernels.decode_attention(
+            _rows_contiguous(q), k_buffer, v_buffer, meta,
+            scaling=layer.scaling, sliding_window=_window(layer),
+        )
+
+    @staticmethod
+    def _metadata(fb: ForwardBatch, *, decode: bool) -> TritonAttnMetadata:
+        meta = fb.attn_metadata
+        if not isinstance(meta, TritonAttnMetadata):
+            raise RuntimeError(
+                "attention backend 'triton' found no metadata of its own on the batch: call "
+                "init_forward_metadata(forward_batch) once before the layers run"
+            )
+        if meta.is_decode != decode:
+            built = "decode" if meta.is_decode else "extend"
+            raise RuntimeError(
+                f"batch metadata was built for {built} but the {fb.mode.value} forward asked "
+                f"for {'decode' if decode else 'extend'}; rebuild it after changing the mode"
+            )
+        return meta
+
+    @staticmethod
+    def _buffers(layer: AttentionLayer, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        k_buffer = fb.kv_pool.get_k(layer.layer_id)
+        v_buffer = fb.kv_pool.get_v(layer.layer_id)
+        if k_buffer.shape[1] * (layer.num_heads // layer.num_kv_heads) != layer.num_heads:
+            raise ValueError(
+                f"layer {layer.layer_id}: KV pool has {k_buffer.shape[1]} KV heads but the "
+                f"layer has {layer.num_heads} heads over {layer.num_kv_heads} KV heads"
+            )
+        return _rows_contiguous(k_buffer), _rows_contiguous(v_buffer)
+
+
+def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """The kernels index the last dimension with stride 1."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _window(layer: AttentionLayer) -> int | None:
+    window = layer.sliding_window
+    if window is not None and window < 1:
+        raise ValueError(f"layer {layer.layer_id}: sliding_window must be >= 1, got {window}")
+    return window

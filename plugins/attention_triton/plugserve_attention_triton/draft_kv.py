@@ -1,0 +1,152 @@
+"""topk>1 draft decode: one KV list per branch. This is the contract with spec plugins.
+
+In `DRAFT_DECODE` mode with `topk` branches per request, q has `batch * topk` rows in
+request-major order: row `i * topk + t` is branch `t` of request `i`. Each row reads its own
+KV list: the request's committed prefix, then its branch's draft path up to and including the
+token this step writes. Before `init_forward_metadata`, the spec plugin puts in
+`forward_batch.extra`:
+
+- `"draft_kv_indptr"`: int64 `[batch * topk + 1]`, on the model's device;
+- `"draft_kv_indices"`: int64 KV slots, list after list, each in position order;
+- `"draft_kv_lens_cpu"`: `list[int]`, each list's length (host mirror: the backend sizes its
+  grids from it without reading device memory).
+
+`DraftKVLists.store(fb)` writes the three keys. `build_draft_kv_lists` builds them from
+`req_to_token` and the row positions of each branch's path; `holey_branch_positions` gives
+those positions for the layout of DESIGN.md §5 (each branch owns whole pages after the
+prefix's page-aligned base; with page_size 1 branches simply follow one another), so a spec
+plugin that drafts each branch into its own slots needs nothing else. A plugin that tracks
+true ancestor paths (a branch re-parented after re-ranking) passes those positions instead.
+
+When the three keys are present they win, for any topk (topk 1 too). Without them a decode
+batch must have one query per request and reads `req_to_token[row, :seq_len]`. The Triton
+backend sizes everything from `draft_kv_lens_cpu` and reads `draft_kv_indices`; the device
+`draft_kv_indptr` is part of the contract for backends that take it as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from plugserve.runner.forward_batch import ForwardBatch
+from plugserve_attention_triton.metadata import indptr_from_lengths
+
+DRAFT_KV_INDPTR = "draft_kv_indptr"
+DRAFT_KV_INDICES = "draft_kv_indices"
+DRAFT_KV_LENS_CPU = "draft_kv_lens_cpu"
+DRAFT_KV_KEYS = (DRAFT_KV_INDPTR, DRAFT_KV_INDICES, DRAFT_KV_LENS_CPU)
+
+
+@dataclass
+class DraftKVLists:
+    """The per-query KV lists of one draft-decode step (see the module docstring)."""
+
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    kv_lens_cpu: list[int]
+
+    @property
+    def num_queries(self) -> int:
+        return len(self.kv_lens_cpu)
+
+    def kv_indptr_cpu(self) -> list[int]:
+        return indptr_from_lengths(self.kv_lens_cpu)
+
+    def store(self, fb: ForwardBatch) -> None:
+        fb.extra[DRAFT_KV_INDPTR] = self.kv_indptr
+        fb.extra[DRAFT_KV_INDICES] = self.kv_indices
+        fb.extra[DRAFT_KV_LENS_CPU] = list(self.kv_lens_cpu)
+
+    @classmethod
+    def from_batch(cls, fb: ForwardBatch) -> DraftKVLists | None:
+        """The lists a spec plugin stored in `fb.extra`, or None when it stored none."""
+        present = [key for key in DRAFT_KV_KEYS if key in fb.extra]
+        if not present:
+            return None
+        if len(present) != len(DRAFT_KV_KEYS):
+            missing = [key for key in DRAFT_KV_KEYS if key not in fb.extra]
+            raise ValueError(
+                f"forward_batch.extra has {present} but lacks {missing}: a draft decode with "
+                "per-branch KV lists needs all of " + ", ".join(DRAFT_KV_KEYS)
+            )
+        lists = cls(fb.extra[DRAFT_KV_INDPTR], fb.extra[DRAFT_KV_INDICES],
+                    list(fb.extra[DRAFT_KV_LENS_CPU]))
+        if lists.num_queries != fb.num_tokens:
+            raise ValueError(
+                f"draft decode has {fb.num_tokens} queries but {lists.num_queries} KV lists in "
+                f"forward_batch.extra[{DRAFT_KV_LENS_CPU!r}]; give one list per branch, "
+                "request-major"
+            )
+        return lists
+
+
+def pages_per_branch(page_size: int, num_steps: int) -> int:
+    """Whole pages each branch owns after the prefix's base (DESIGN.md §5)."""
+    return -(-(page_size - 1 + num_steps) // page_size)
+
+
+def holey_branch_positions(
+    prefix_lens_cpu: list[int], *, topk: int, step: int, num_steps: int, page_size: int
+) -> torch.Tensor:
+    """Row positions `[batch, topk, step + 1]` of each branch's draft tokens 0..step.
+
+    With `last = prefix % page` and `base = prefix - last`, branch t owns positions
+    `[base + t*n*page, base + (t+1)*n*page)` and draft step s of branch t sits at
+    `base + t*n*page + last + s` (n = `pages_per_branch`). With page_size 1 this is
+    `prefix + t*num_steps + s`. Branch 0 continues the prefix contiguously.
+    """
+    if not 0 <= step < num_steps:
+        raise ValueError(f"draft step {step} is outside 0..{num_steps - 1}")
+    stride = pages_per_branch(page_size, num_steps) * page_size
+    prefix = torch.tensor(prefix_lens_cpu, dtype=torch.int64)
+    last = prefix % page_size
+    base = prefix - last
+    branch = torch.arange(topk, dtype=torch.int64)
+    steps = torch.arange(step + 1, dtype=torch.int64)
+    return (
+        base[:, None, None] + branch[None, :, None] * stride + last[:, None, None]
+        + steps[None, None, :]
+    )
+
+
+def build_draft_kv_lists(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens_cpu: list[int],
+    path_positions: torch.Tensor,
+) -> DraftKVLists:
+    """Per-branch KV lists: `row[:prefix]` then `row[path_positions[i, t]]`, request-major.
+
+    `path_positions` is int64 `[batch, topk, path_len]`: the row positions of each branch's
+    draft tokens from the first draft step to the current one.
+    """
+    device = req_to_token.device
+    batch, topk, path_len = path_positions.shape
+    if path_len < 1:
+        raise ValueError("each branch path needs at least the token this step writes")
+    if batch != len(prefix_lens_cpu):
+        raise ValueError(
+            f"path_positions covers {batch} requests but prefix_lens_cpu has "
+            f"{len(prefix_lens_cpu)}"
+        )
+    lens_cpu = [p + path_len for p in prefix_lens_cpu for _ in range(topk)]
+    indptr_cpu = indptr_from_lengths(lens_cpu)
+    total = indptr_cpu[-1]
+    num_queries = batch * topk
+    lens = torch.tensor(lens_cpu, dtype=torch.int64).to(device)
+    starts = torch.tensor(indptr_cpu[:-1], dtype=torch.int64).to(device)
+    prefix = torch.tensor(prefix_lens_cpu, dtype=torch.int64).to(device).repeat_interleave(topk)
+    query = torch.repeat_interleave(
+        torch.arange(num_queries, device=device), lens, output_size=total
+    )
+    pos_in_list = torch.arange(total, device=device) - starts[query]
+    paths = path_positions.to(device=device, dtype=torch.int64).reshape(num_queries, path_len)
+    in_path = pos_in_list >= prefix[query]
+    path_step = torch.where(in_path, pos_in_list - prefix[query], torch.zeros_like(pos_in_list))
+    row_pos = torch.where(in_path, paths[query, path_step], pos_in_list)
+    rows = req_pool_indices.to(device).repeat_interleave(topk)
+    indices = req_to_token[rows[query], row_pos].to(torch.int64)
+    return DraftKVLists(torch.tensor(indptr_cpu, dtype=torch.int64, device=device), indices,
+                        lens_cpu)

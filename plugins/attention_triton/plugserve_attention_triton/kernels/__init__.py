@@ -1,0 +1,17 @@
+"""The Triton kernels. Import this package only through `runtime.prepare_triton_runtime`.
+
+Whether the kernels are compiled for CUDA or run by Triton's CPU interpreter is fixed when
+this package is first imported (Triton reads `TRITON_INTERPRET` when `@triton.jit` runs);
+`INTERPRETED` records that choice for the rest of the process.
+"""
+
+from __future__ import annotations
+
+from plugserve_attention_triton.runtime import interpreter_requested
+
+INTERPRETED: bool = interpreter_requested()
+
+from plugserve_attention_triton.kernels.decode import decode_attention  # noqa: E402
+from plugserve_attention_triton.kernels.extend import extend_attention  # noqa: E402
+
+__all__ = ["INTERPRETED", "decode_attention", "extend_attention"]

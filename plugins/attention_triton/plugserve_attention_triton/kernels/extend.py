@@ -1,0 +1,175 @@
+"""Extend attention: each request's new tokens over its paged KV (cached prefix + themselves).
+
+One program handles `BLOCK_M` queries of one segment (request) for one query head. It walks
+the segment's KV list in tiles of `BLOCK_N` slots, loading K and V through `kv_indices`, so
+any page size and any slot order work. Visibility of key position k to the query at position
+p (p = first_query_pos + row):
+
+- without a custom mask: causal, k <= p; with one: the mask's (row, k) entry;
+- with a sliding window w (either way): also k > p - w.
+
+The tile loop is bounded to the keys that can be visible, and the softmax is the usual
+running-maximum form in base 2. Every value is upcast to fp32 before arithmetic and the dot
+products run in full fp32 precision.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from plugserve_attention_triton.kernels.tiles import (
+    LOG2_E,
+    MIN_DOT_DIM,
+    extend_tiles,
+    pow2_at_least,
+)
+from plugserve_attention_triton.metadata import TritonAttnMetadata
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    qo_indptr_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    first_query_pos_ptr,
+    mask_ptr,
+    mask_indptr_ptr,
+    qk_scale_log2,
+    sliding_window,
+    head_dim,
+    heads_per_kv_head,
+    stride_q_token,
+    stride_q_head,
+    stride_k_slot,
+    stride_k_head,
+    stride_v_slot,
+    stride_v_head,
+    stride_o_token,
+    stride_o_head,
+    HAS_MASK: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    segment = tl.program_id(0)
+    head = tl.program_id(1)
+    block_m = tl.program_id(2)
+
+    q_begin = tl.load(qo_indptr_ptr + segment).to(tl.int64)
+    num_queries = tl.load(qo_indptr_ptr + segment + 1).to(tl.int64) - q_begin
+    row_begin = block_m * BLOCK_M
+    if row_begin >= num_queries:
+        return
+    kv_begin = tl.load(kv_indptr_ptr + segment).to(tl.int64)
+    kv_len = tl.load(kv_indptr_ptr + segment + 1).to(tl.int64) - kv_begin
+    first_pos = tl.load(first_query_pos_ptr + segment).to(tl.int64)
+    kv_head = head // heads_per_kv_head
+
+    rows = row_begin + tl.arange(0, BLOCK_M).to(tl.int64)
+    row_valid = rows < num_queries
+    q_pos = first_pos + rows
+    offs_d = tl.arange(0, BLOCK_D)
+    d_valid = offs_d < head_dim
+
+    q_offsets = (q_begin + rows)[:, None] * stride_q_token + head * stride_q_head + offs_d[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & d_valid[None, :], other=0.0)
+    q = q.to(tl.float32)
+
+    # Keys that can be visible to this block's queries.
+    last_row = tl.minimum(row_begin + BLOCK_M, num_queries) - 1
+    key_end = kv_len
+    if not HAS_MASK:
+        key_end = tl.minimum(kv_len, first_pos + last_row + 1)
+    key_begin = kv_len * 0
+    if HAS_WINDOW:
+        key_begin = tl.maximum(key_begin, first_pos + row_begin - sliding_window + 1)
+    mask_begin = kv_len * 0
+    if HAS_MASK:
+        mask_begin = tl.load(mask_indptr_ptr + segment).to(tl.int64)
+
+    running_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    running_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for tile_begin in range(key_begin, key_end, BLOCK_N):
+        keys = tile_begin + tl.arange(0, BLOCK_N).to(tl.int64)
+        key_valid = keys < key_end
+        slots = tl.load(kv_indices_ptr + kv_begin + keys, mask=key_valid, other=0).to(tl.int64)
+        kt_offsets = slots[None, :] * stride_k_slot + kv_head * stride_k_head + offs_d[:, None]
+        k_t = tl.load(k_ptr + kt_offsets, mask=key_valid[None, :] & d_valid[:, None], other=0.0)
+        scores = tl.dot(q, k_t.to(tl.float32), input_precision="ieee") * qk_scale_log2
+
+        visible = row_valid[:, None] & key_valid[None, :]
+        if HAS_MASK:
+            m_offsets = mask_begin + rows[:, None] * kv_len + keys[None, :]
+            allowed = tl.load(mask_ptr + m_offsets, mask=visible, other=0)
+            visible = visible & (allowed != 0)
+        else:
+            visible = visible & (keys[None, :] <= q_pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (keys[None, :] > q_pos[:, None] - sliding_window)
+        scores = tl.where(visible, scores, float("-inf"))
+
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        probs = tl.exp2(scores - safe_max[:, None])
+        rescale = tl.exp2(running_max - safe_max)
+        running_sum = running_sum * rescale + tl.sum(probs, axis=1)
+
+        v_offsets = slots[:, None] * stride_v_slot + kv_head * stride_v_head + offs_d[None, :]
+        v = tl.load(v_ptr + v_offsets, mask=key_valid[:, None] & d_valid[None, :], other=0.0)
+        acc = acc * rescale[:, None] + tl.dot(probs, v.to(tl.float32), input_precision="ieee")
+        running_max = new_max
+
+    out = acc / tl.where(running_sum == 0.0, 1.0, running_sum)[:, None]
+    o_offsets = (q_begin + rows)[:, None] * stride_o_token + head * stride_o_head + offs_d[None, :]
+    tl.store(o_ptr + o_offsets, out.to(o_ptr.dtype.element_ty),
+             mask=row_valid[:, None] & d_valid[None, :])
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    meta: TritonAttnMetadata,
+    *,
+    scaling: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """q `[tokens, heads, head_dim]` and buffers `[slots, kv_heads, head_dim]` -> like q."""
+    num_tokens, num_heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    if num_tokens == 0 or meta.num_segments == 0:
+        return out
+    num_kv_heads = k_buffer.shape[1]
+    block_d = pow2_at_least(head_dim, MIN_DOT_DIM)
+    block_m, block_n = extend_tiles(q.device, block_d)
+    grid = (meta.num_segments, num_heads, triton.cdiv(meta.max_queries_per_segment, block_m))
+    has_mask = meta.custom_mask is not None
+    mask = meta.custom_mask if meta.custom_mask is not None else meta.kv_indices
+    mask_indptr = meta.mask_indptr if meta.mask_indptr is not None else meta.kv_indptr
+    _extend_kernel[grid](
+        q, k_buffer, v_buffer, out,
+        meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.first_query_pos,
+        mask, mask_indptr,
+        scaling * LOG2_E,
+        sliding_window or 0,
+        head_dim,
+        num_heads // num_kv_heads,
+        q.stride(0), q.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1),
+        out.stride(0), out.stride(1),
+        HAS_MASK=has_mask,
+        HAS_WINDOW=sliding_window is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+    )
+    return out

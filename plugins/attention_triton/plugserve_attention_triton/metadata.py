@@ -1,0 +1,194 @@
+"""Per-batch index tables the Triton kernels read, built once per batch in plain torch.
+
+Everything is phrased in *segments*: a segment is a run of query rows that read one KV list.
+
+- extend modes (EXTEND, TARGET_VERIFY, DRAFT_EXTEND): one segment per request; its queries
+  are the request's new tokens and its KV list is `req_to_token[row, :seq_len]`.
+- decode modes (DECODE, DRAFT_DECODE): one segment per query. A normal decode has one query
+  per request. A topk>1 draft decode has `topk` queries per request, each with its own KV
+  list (prefix + that branch's path), given by the spec plugin (see `draft_kv`).
+
+Tables (device tensors, int64 unless noted):
+
+- `qo_indptr[s] .. qo_indptr[s+1]`: the q rows of segment s.
+- `kv_indptr[s] .. kv_indptr[s+1]`: the range of `kv_indices` holding segment s's KV slots, in
+  position order (entry j is the token at position j).
+- `first_query_pos[s]`: position of segment s's first query in its KV list (extend: the
+  cached prefix length; decode: the list length minus one). Query r of the segment sits at
+  `first_query_pos[s] + r`; causal and sliding-window masks are relative to that.
+- `mask_indptr[s]`: where segment s's `[num_queries, kv_len]` row-major block starts in
+  `custom_mask` (uint8 view of the batch's bool mask); None without a custom mask.
+- `num_kv_splits[s]` (int32, decode only): how many chunks the decode kernel splits segment
+  s's KV into; `max_kv_splits` sizes the partial-result buffers.
+
+Host mirrors (`*_cpu` lists) are kept for the reference implementation and for sizing
+launch grids without reading device memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import accumulate, pairwise
+
+import torch
+
+from plugserve.runner.forward_batch import ForwardBatch
+
+
+@dataclass
+class TritonAttnMetadata:
+    is_decode: bool
+    num_queries: int
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    first_query_pos: torch.Tensor
+    queries_per_segment_cpu: list[int]
+    kv_lens_cpu: list[int]
+    first_query_pos_cpu: list[int]
+    mask_indptr: torch.Tensor | None = None
+    custom_mask: torch.Tensor | None = None
+    num_kv_splits: torch.Tensor | None = None
+    max_kv_splits: int = 1
+    # Decode partial results, allocated on first use and shared by every layer of the batch.
+    _scratch: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, repr=False
+    )
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.kv_lens_cpu)
+
+    @property
+    def max_queries_per_segment(self) -> int:
+        return max(self.queries_per_segment_cpu, default=0)
+
+    def decode_scratch(
+        self, num_heads: int, head_dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 buffers for the split-KV decode: partial outputs and their log-sum-exps."""
+        key = (num_heads, head_dim)
+        if key not in self._scratch:
+            device = self.kv_indices.device
+            shape = (self.num_queries, num_heads, self.max_kv_splits)
+            partial_out = torch.empty((*shape, head_dim), dtype=torch.float32, device=device)
+            partial_lse = torch.empty(shape, dtype=torch.float32, device=device)
+            self._scratch[key] = (partial_out, partial_lse)
+        return self._scratch[key]
+
+
+def indptr_from_lengths(lengths: list[int]) -> list[int]:
+    """[3, 1, 2] -> [0, 3, 4, 6]."""
+    return [0, *accumulate(lengths)]
+
+
+def gather_row_slots(
+    req_to_token: torch.Tensor, rows: torch.Tensor, lengths_cpu: list[int]
+) -> torch.Tensor:
+    """Concatenate `req_to_token[rows[i], :lengths_cpu[i]]` over i, without a device sync."""
+    device = req_to_token.device
+    total = sum(lengths_cpu)
+    if total == 0:
+        return torch.zeros(0, dtype=torch.int64, device=device)
+    lengths = torch.tensor(lengths_cpu, dtype=torch.int64).to(device, non_blocking=True)
+    starts = torch.tensor(indptr_from_lengths(lengths_cpu)[:-1], dtype=torch.int64)
+    starts = starts.to(device, non_blocking=True)
+    segment = torch.repeat_interleave(
+        torch.arange(len(lengths_cpu), device=device), lengths, output_size=total
+    )
+    position = torch.arange(total, device=device) - starts[segment]
+    return req_to_token[rows.to(device)[segment], position].to(torch.int64)
+
+
+def kv_split_counts(kv_lens: list[int], max_kv_splits: int, min_tokens_per_split: int) -> list[int]:
+    """Chunks per KV list: one per `min_tokens_per_split` tokens, at most `max_kv_splits`."""
+    per_split = max(1, min_tokens_per_split)
+    return [max(1, min(max_kv_splits, -(-n // per_split))) for n in kv_lens]
+
+
+def _tensor(values: list[int], device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
+def build_extend_metadata(fb: ForwardBatch) -> TritonAttnMetadata:
+    """One segment per request: its new tokens over `req_to_token[row, :seq_len]`."""
+    device = fb.req_to_token.device
+    seq_lens = list(fb.seq_lens_cpu)
+    ext_lens = list(fb.extend_seq_lens_cpu)
+    prefix_lens = list(fb.extend_prefix_lens_cpu)
+    for i, (seq_len, prefix_len, ext_len) in enumerate(
+        zip(seq_lens, prefix_lens, ext_lens, strict=True)
+    ):
+        if prefix_len + ext_len != seq_len:
+            raise ValueError(
+                f"extend batch is inconsistent for request {i}: prefix {prefix_len} + new "
+                f"{ext_len} tokens != seq_len {seq_len}"
+            )
+    meta = TritonAttnMetadata(
+        is_decode=False,
+        num_queries=sum(ext_lens),
+        qo_indptr=_tensor(indptr_from_lengths(ext_lens), device),
+        kv_indptr=_tensor(indptr_from_lengths(seq_lens), device),
+        kv_indices=gather_row_slots(fb.req_to_token, fb.req_pool_indices, seq_lens),
+        first_query_pos=_tensor(prefix_lens, device),
+        queries_per_segment_cpu=ext_lens,
+        kv_lens_cpu=seq_lens,
+        first_query_pos_cpu=prefix_lens,
+    )
+    if fb.custom_mask is not None:
+        block_sizes = [e * s for e, s in zip(ext_lens, seq_lens, strict=True)]
+        expected = sum(block_sizes)
+        if fb.custom_mask.numel() != expected:
+            raise ValueError(
+                f"custom_mask has {fb.custom_mask.numel()} entries but the batch needs "
+                f"{expected} (sum over requests of new tokens x seq_len)"
+            )
+        meta.mask_indptr = _tensor(indptr_from_lengths(block_sizes), device)
+        mask = fb.custom_mask.to(device).reshape(-1)
+        meta.custom_mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(
+            torch.uint8
+        )
+    return meta
+
+
+def build_decode_metadata(
+    *,
+    kv_indptr_cpu: list[int],
+    kv_indices: torch.Tensor,
+    max_kv_splits: int,
+    min_tokens_per_split: int,
+) -> TritonAttnMetadata:
+    """One segment per query, whose KV list is `kv_indices[kv_indptr[q]:kv_indptr[q+1]]`."""
+    device = kv_indices.device
+    kv_lens = [b - a for a, b in pairwise(kv_indptr_cpu)]
+    if any(n < 1 for n in kv_lens):
+        raise ValueError(f"every decode query needs at least one KV token; lengths: {kv_lens}")
+    num_queries = len(kv_lens)
+    splits = kv_split_counts(kv_lens, max_kv_splits, min_tokens_per_split)
+    first_pos = [n - 1 for n in kv_lens]
+    return TritonAttnMetadata(
+        is_decode=True,
+        num_queries=num_queries,
+        qo_indptr=torch.arange(num_queries + 1, dtype=torch.int64, device=device),
+        kv_indptr=_tensor(kv_indptr_cpu, device),
+        kv_indices=kv_indices.to(device=device, dtype=torch.int64),
+        first_query_pos=_tensor(first_pos, device),
+        queries_per_segment_cpu=[1] * num_queries,
+        kv_lens_cpu=kv_lens,
+        first_query_pos_cpu=first_pos,
+        num_kv_splits=_tensor(splits, device, torch.int32),
+        max_kv_splits=max(splits, default=1),
+    )
+
+
+def build_request_decode_metadata(
+    fb: ForwardBatch, *, max_kv_splits: int, min_tokens_per_split: int
+) -> TritonAttnMetadata:
+    """Decode with one query per request over `req_to_token[row, :seq_len]`."""
+    seq_lens = list(fb.seq_lens_cpu)
+    return build_decode_metadata(
+        kv_indptr_cpu=indptr_from_lengths(seq_lens),
+        kv_indices=gather_row_slots(fb.req_to_token, fb.req_pool_indices, seq_lens),
+        max_kv_splits=max_kv_splits,
+        min_tokens_per_split=min_tokens_per_split,
+    )
