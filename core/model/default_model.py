@@ -61,6 +61,13 @@ def converted_folder(gguf_path: Path, cache_root: Path) -> Path:
     return cache_root / "models" / f"{stem}-{stat.st_size}-{stat.st_mtime_ns}-v{CONVERSION_FORMAT}"
 
 
+def _make_readable(folder: Path) -> None:
+    """mkdtemp creates a private folder; let every user read the cached model."""
+    folder.chmod(0o755)
+    for path in folder.iterdir():
+        path.chmod(0o644)
+
+
 def ensure_converted(gguf_path: Path, cache_root: Path | None = None) -> Path:
     """The HF folder converted from `gguf_path`, converting it first if needed."""
     target = converted_folder(gguf_path, cache_root or cache_dir())
@@ -76,6 +83,7 @@ def ensure_converted(gguf_path: Path, cache_root: Path | None = None) -> Path:
         ) from exc
     try:
         export_gguf_as_hf_folder(gguf_path, staging)
+        _make_readable(staging)
         try:
             staging.rename(target)
         except OSError:

@@ -11,7 +11,9 @@ from plugserve.model.arch import ModelArchConfig
 from plugserve.model.errors import ModelLoadError, UnsupportedArchitectureError
 
 # GGUF general.architecture -> our model_type (llama.cpp writes Mistral models as "llama").
-SUPPORTED_GGUF_ARCHITECTURES: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+SUPPORTED_GGUF_ARCHITECTURES: dict[str, str] = {
+    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+}
 
 
 def float32_value(value: Any) -> float:

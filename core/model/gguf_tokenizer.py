@@ -55,7 +55,9 @@ def _pre_tokenizer(pre: str | None) -> Any:
     return byte_level
 
 
-def _byte_level_bpe(metadata: Mapping[str, Any], add_bos: bool, bos: str | None) -> tokenizers.Tokenizer:
+def _byte_level_bpe(
+    metadata: Mapping[str, Any], add_bos: bool, bos: str | None
+) -> tokenizers.Tokenizer:
     tokens: Sequence[str] = metadata["tokenizer.ggml.tokens"]
     types: Sequence[int] = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", ())]
@@ -114,10 +116,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], path: Path) -> Tokenizer:
         backend = _byte_level_bpe(metadata, add_bos, token("bos"))
     else:
         backend = _backend_via_transformers(path)
-    eos_ids = [
-        int(metadata[f"tokenizer.ggml.{key}_token_id"])
-        for key in ("eos", "eot", "eom") if metadata.get(f"tokenizer.ggml.{key}_token_id") is not None
-    ]
+    eos_keys = [f"tokenizer.ggml.{key}_token_id" for key in ("eos", "eot", "eom")]
+    eos_ids = [int(metadata[key]) for key in eos_keys if metadata.get(key) is not None]
     return Tokenizer(
         backend,
         special_tokens={

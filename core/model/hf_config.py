@@ -125,7 +125,9 @@ def layer_windows_from_hf(
                 "sliding_attention"
             )
         if "sliding_attention" in layer_types and window is None:
-            raise ModelLoadError("layer_types names sliding_attention layers but sliding_window is unset")
+            raise ModelLoadError(
+                "layer_types names sliding_attention layers but sliding_window is unset"
+            )
         return tuple(window if t == "sliding_attention" else None for t in layer_types)
     if window is None:
         return (None,) * num_layers

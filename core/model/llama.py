@@ -6,7 +6,7 @@ attention layer computes q, k and v with one fused projection, applies rope, and
 q [num_tokens, num_heads, head_dim] and k/v [num_tokens, num_kv_heads, head_dim] to
 `backend.forward`, which stores k/v in the cache and returns the attention output.
 
-Parameters are created without initial values; a loader fills every one of them
+Parameters are allocated without initial values; a loader fills every one of them
 (see `plugserve.model.weights`).
 """
 
@@ -20,7 +20,7 @@ from torch import nn
 
 from plugserve.attention.base import AttentionBackend, AttentionLayer
 from plugserve.model.arch import ModelArchConfig
-from plugserve.model.layers import RMSNorm, SwiGLUMLP
+from plugserve.model.layers import Device, Embedding, Linear, RMSNorm, SwiGLUMLP
 from plugserve.model.rope import RotaryEmbedding, apply_rope
 from plugserve.runner.forward_batch import ForwardBatch
 
@@ -35,7 +35,9 @@ class CausalLMOutput:
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: ModelArchConfig, layer: AttentionLayer, dtype: torch.dtype) -> None:
+    def __init__(
+        self, arch: ModelArchConfig, layer: AttentionLayer, dtype: torch.dtype, device: Device
+    ) -> None:
         super().__init__()
         self.layer = layer
         self.num_heads = arch.num_attention_heads
@@ -43,18 +45,19 @@ class Attention(nn.Module):
         self.head_dim = arch.head_dim
         self.q_size = arch.q_size
         self.kv_size = arch.kv_size
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = Linear(
             arch.hidden_size, arch.q_size + 2 * arch.kv_size, bias=arch.attention_bias,
-            dtype=dtype,
+            dtype=dtype, device=device,
         )
-        self.o_proj = nn.Linear(
-            arch.q_size, arch.hidden_size, bias=arch.attention_out_bias, dtype=dtype
+        self.o_proj = Linear(
+            arch.q_size, arch.hidden_size, bias=arch.attention_out_bias, dtype=dtype,
+            device=device,
         )
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if arch.qk_norm:
-            self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, dtype=dtype)
-            self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, dtype=dtype)
+            self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, dtype=dtype, device=device)
+            self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, dtype=dtype, device=device)
 
     def forward(
         self,
@@ -80,13 +83,17 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArchConfig, layer: AttentionLayer, dtype: torch.dtype) -> None:
+    def __init__(
+        self, arch: ModelArchConfig, layer: AttentionLayer, dtype: torch.dtype, device: Device
+    ) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype=dtype)
-        self.self_attn = Attention(arch, layer, dtype)
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype=dtype)
+        eps = arch.rms_norm_eps
+        self.input_layernorm = RMSNorm(arch.hidden_size, eps, dtype=dtype, device=device)
+        self.self_attn = Attention(arch, layer, dtype, device)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, eps, dtype=dtype, device=device)
         self.mlp = SwiGLUMLP(
-            arch.hidden_size, arch.intermediate_size, bias=arch.mlp_bias, dtype=dtype
+            arch.hidden_size, arch.intermediate_size, bias=arch.mlp_bias, dtype=dtype,
+            device=device,
         )
 
     def forward(
@@ -111,21 +118,21 @@ class CausalLM(nn.Module):
         arch: ModelArchConfig,
         *,
         dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
+        device: Device = "cpu",
     ) -> None:
         super().__init__()
         self.arch = arch
         self.dtype = dtype
-        with torch.device("meta"):
-            self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size, dtype=dtype)
-            self.layers = nn.ModuleList(
-                DecoderLayer(arch, layer, dtype) for layer in arch.attention_layers()
+        self.embed_tokens = Embedding(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(
+            DecoderLayer(arch, layer, dtype, device) for layer in arch.attention_layers()
+        )
+        self.final_norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype=dtype, device=device)
+        self.lm_head: Linear | None = None
+        if not arch.tie_word_embeddings:
+            self.lm_head = Linear(
+                arch.hidden_size, arch.vocab_size, bias=False, dtype=dtype, device=device
             )
-            self.final_norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype=dtype)
-            self.lm_head: nn.Linear | None = None
-            if not arch.tie_word_embeddings:
-                self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False, dtype=dtype)
-        self.to_empty(device=device)
         self.rotary = RotaryEmbedding(
             arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling,
             dtype=dtype, device=device,

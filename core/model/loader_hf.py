@@ -117,7 +117,9 @@ def load_hf_model(
     if not folder.exists():
         raise ModelLoadError(f"{folder}: model folder does not exist")
     if not folder.is_dir():
-        raise ModelLoadError(f"{folder}: not a folder (expected an HF model folder or a .gguf file)")
+        raise ModelLoadError(
+            f"{folder}: not a folder (expected an HF model folder or a .gguf file)"
+        )
     arch = read_arch(folder)
     files = weight_files(folder)
     check_tensor_names(files, arch, str(folder))

@@ -61,7 +61,9 @@ def weight_plan(arch: ModelArchConfig) -> dict[str, WeightTarget]:
     plan = {"model.embed_tokens.weight": WeightTarget("embed_tokens.weight", 0, None)}
     for i in range(arch.num_hidden_layers):
         hf, ours = f"model.layers.{i}", f"layers.{i}"
-        plan[f"{hf}.input_layernorm.weight"] = WeightTarget(f"{ours}.input_layernorm.weight", 0, None)
+        plan[f"{hf}.input_layernorm.weight"] = WeightTarget(
+            f"{ours}.input_layernorm.weight", 0, None
+        )
         plan[f"{hf}.post_attention_layernorm.weight"] = WeightTarget(
             f"{ours}.post_attention_layernorm.weight", 0, None
         )
@@ -86,12 +88,7 @@ def is_ignored(name: str, arch: ModelArchConfig) -> bool:
     return arch.tie_word_embeddings and name == "lm_head.weight"
 
 
-def check_tensor_names(names: Iterable[str], arch: ModelArchConfig, source: str) -> None:
-    """Fail fast, before reading any data, when the names do not match the architecture."""
-    plan = weight_plan(arch)
-    present = set(names)
-    missing = set(plan) - present
-    unexpected = {n for n in present - set(plan) if not is_ignored(n, arch)}
+def _raise_if_incomplete(missing: set[str], unexpected: set[str], source: str) -> None:
     problems = []
     if missing:
         problems.append(f"missing tensor(s) {_listed(missing)}")
@@ -103,6 +100,14 @@ def check_tensor_names(names: Iterable[str], arch: ModelArchConfig, source: str)
         raise ModelLoadError(f"{source}: " + "; ".join(problems))
 
 
+def check_tensor_names(names: Iterable[str], arch: ModelArchConfig, source: str) -> None:
+    """Fail fast, before reading any data, when the names do not match the architecture."""
+    plan = weight_plan(arch)
+    present = set(names)
+    unexpected = {n for n in present - set(plan) if not is_ignored(n, arch)}
+    _raise_if_incomplete(set(plan) - present, unexpected, source)
+
+
 def load_weights(
     model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], source: str
 ) -> None:
@@ -110,13 +115,13 @@ def load_weights(
     plan = weight_plan(model.arch)
     params = dict(model.named_parameters())
     seen: set[str] = set()
-    unexpected: list[str] = []
+    unexpected: set[str] = set()
     with torch.no_grad():
         for name, tensor in tensors:
             target = plan.get(name)
             if target is None:
                 if not is_ignored(name, model.arch):
-                    unexpected.append(name)
+                    unexpected.add(name)
                 continue
             param = params[target.param]
             rows = param.shape[0] if target.rows is None else target.rows
@@ -128,13 +133,6 @@ def load_weights(
                 )
             param[target.row_start : target.row_start + rows].copy_(tensor)
             seen.add(name)
-    missing = set(plan) - seen
-    if missing or unexpected:
-        problems = []
-        if missing:
-            problems.append(f"missing tensor(s) {_listed(missing)}")
-        if unexpected:
-            problems.append(f"unexpected tensor(s) {_listed(unexpected)}")
-        raise ModelLoadError(f"{source}: " + "; ".join(problems))
+    _raise_if_incomplete(set(plan) - seen, unexpected, source)
     model.requires_grad_(False)
     model.eval()
