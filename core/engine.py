@@ -11,14 +11,14 @@ from typing import Any
 import pluggy
 import torch
 
-from plugserve import fixes, hookspecs
+from plugserve import fixes
 from plugserve.attention.base import AttentionContext
 from plugserve.config import EngineConfig
 from plugserve.mem.accounting import AccountedPool
 from plugserve.mem.allocator import PagedAllocator, ceil_align
 from plugserve.mem.kv_pool import KVPool
 from plugserve.mem.req_to_token import ReqToTokenPool
-from plugserve.plugins import PluginHost, get_plugin_host, parse_plugin_options
+from plugserve.plugins import PluginHost, load_plugins
 from plugserve.registry import validate_config
 from plugserve.runner.model_runner import ModelRunner
 from plugserve.sampling import SamplingParams
@@ -77,14 +77,8 @@ class Engine:
         elif overrides:
             config = config.model_copy(update=overrides)
         self.config = config
-        enabled, disabled = parse_plugin_options(plugins)
-        self.host: PluginHost = get_plugin_host(enabled, disabled)
+        self.host: PluginHost = load_plugins(plugins, allowlist=config.plugins)
         reasons = validate_config(config, self.host.registries)
-        if config.mem_check > 0 and not len(self.host.registries.checkers):
-            reasons.append(
-                f"mem_check={config.mem_check} needs an invariant checker plugin, and none is "
-                "loaded; install plugins/checker (plugserve-checker) or set mem_check=0"
-            )
         try:
             fixes.check_requested_reverts()
         except ValueError as exc:
@@ -159,19 +153,14 @@ class Engine:
         self._failed: BaseException | None = None
 
     def _lifecycle_plugins(self) -> pluggy.PluginManager:
-        """A plugin manager for this engine alone: the loaded plugins plus this engine's
-        checker instances, so two engines in one process never see each other's steps."""
-        pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-        pm.add_hookspecs(hookspecs)
-        for name, plugin in self.host.pm.list_name_plugin():
-            pm.register(plugin, name=name)
-        self.checkers: list[Any] = []
-        if self.config.mem_check > 0:
-            for entry in self.host.registries.checkers:
-                checker = entry.load()(self.config)
-                pm.register(checker, name=f"checker:{entry.name}")
-                self.checkers.append(checker)
-        return pm
+        """A hook relay for this engine alone: the loaded plugins plus this engine's checker
+        instances, so two engines in one process never see each other's steps."""
+        self.checkers: list[Any] = (
+            [entry.load()(self.config) for entry in self.host.registries.checkers]
+            if self.config.mem_check > 0
+            else []
+        )
+        return self.host.engine_hooks(self.checkers)
 
     # --- requests ---------------------------------------------------------------------------
     def _to_ids(self, prompt: str | list[int], chat: bool) -> list[int]:

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
-from typing import Any
 
 import pluggy
 
@@ -194,10 +193,16 @@ def get_plugin_host(
     return host
 
 
-def load_plugins(options: Iterable[str] = (), **kwargs: Any) -> PluginHost:
+def load_plugins(
+    options: Iterable[str] = (),
+    *,
+    allowlist: str | None = FROM_ENV,
+    strict: bool = True,
+    refresh: bool = False,
+) -> PluginHost:
     """`get_plugin_host` from `--plugin` style options, e.g. `("triton", "no:flashinfer")`."""
     enabled, disabled = parse_plugin_options(options)
-    return get_plugin_host(enabled, disabled, **kwargs)
+    return get_plugin_host(enabled, disabled, allowlist=allowlist, strict=strict, refresh=refresh)
 
 
 def clear_plugin_hosts() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -18,7 +19,7 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new: list[int]) -> 
     """Greedy continuations from transformers, one prompt at a time, fp32, no EOS stop."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     out = []
     with torch.inference_mode():

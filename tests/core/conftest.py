@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from plugserve.testing.tiny_models import make_tiny_model_dir
 
 

@@ -6,6 +6,7 @@ import functools
 from pathlib import Path
 
 import pytest
+
 from plugserve.sampling import SamplingParams
 from plugserve.testing import EngineTest
 from plugserve.testing.reference import hf_greedy, random_prompts

@@ -43,7 +43,7 @@ class TestBatchIdentity(EngineTest):
     def test_reverted_fails(self, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("PLUGSERVE_REVERT_FIX", "batch_identity")
         with self.engine(model=str(tiny_model_dir)) as engine, pytest.raises(
-            RuntimeError, match="Boolean value of Tensor|must match the size|off by"
+            RuntimeError, match=r"Boolean value of Tensor|must match the size|off by"
         ):
             # Comparing batches field by field compares their tensors: it raises (or, for
             # one-request batches, may drop the running batch from the sum).

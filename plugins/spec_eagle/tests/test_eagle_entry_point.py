@@ -1,0 +1,41 @@
+"""The `eagle` entry point loads and registers the algorithm with its capabilities.
+
+Needs this package installed: `pip install --no-deps -e plugins/spec_eagle`.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+import pytest
+
+from plugserve.config import EngineConfig
+from plugserve.plugins import PluginHost, get_plugin_host
+from plugserve.registry import SpecCapabilities, validate_config
+
+INSTALL = "pip install --no-deps -e plugins/spec_eagle"
+
+
+def _host() -> PluginHost:
+    names = {ep.name for ep in entry_points(group="plugserve")}
+    assert "eagle" in names, f"plugserve-spec-eagle is not installed: {INSTALL}"
+    return get_plugin_host(["eagle"], allowlist="")
+
+
+def test_entry_point_registers_algorithm() -> None:
+    entry = _host().registries.spec.get("eagle")
+    assert entry.distribution == "plugserve-spec-eagle"
+    assert entry.capabilities == SpecCapabilities(
+        topk_gt1=True, overlap=True, needs_draft_model=True
+    )
+
+
+def test_missing_draft_model_is_a_reason() -> None:
+    reasons = validate_config(EngineConfig(spec="eagle"), _host().registries)
+    assert any("needs a draft model" in r for r in reasons), reasons
+
+
+def test_placeholder_says_not_built_yet() -> None:
+    cls = _host().registries.spec.get("eagle").load()
+    with pytest.raises(RuntimeError, match="not built yet"):
+        cls()

@@ -1,0 +1,119 @@
+"""`plugserve bench`: the fixed workload's checksum, and a tiny run against transformers.
+
+The run uses `--mem-check 1`, so plugserve-checker must be installed
+(`pip install --no-deps -e plugins/checker`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plugserve.bench.report import print_report
+from plugserve.bench.throughput import BenchOptions, make_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_default_workload_matches_its_checksum() -> None:
+    workload = make_workload(BenchOptions())
+    assert len(workload.prompts) == 64
+    assert (workload.prompt_tokens, workload.output_tokens) == (9536, 8224)
+
+
+def test_workload_is_the_documented_random_sequence() -> None:
+    random.seed(0)
+    prompts = [
+        [random.randint(0, 10000) for _ in range(random.randint(16, 256))] for _ in range(64)
+    ]
+    max_new = [random.randint(16, 256) for _ in range(64)]
+    workload = make_workload(BenchOptions())
+    assert workload.prompts == prompts and workload.max_new == max_new
+
+
+def test_small_vocabularies_keep_the_lengths() -> None:
+    workload = make_workload(BenchOptions(num_seqs=4, max_input_len=32, max_output_len=16))
+    folded = workload.within_vocab(261)
+    assert [len(p) for p in folded.prompts] == [len(p) for p in workload.prompts]
+    assert max(max(p) for p in folded.prompts) < 261
+    assert workload.within_vocab(49152) is workload
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_seqs": 0}, "num_seqs must be >= 1, got 0"),
+        ({"max_output_len": 15}, "max_output_len must be >= 16, got 15"),
+        ({"compare_transformers": True, "hf_batch_sizes": [0]}, "hf_batch_sizes needs a size"),
+    ],
+)
+def test_bad_options(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BenchOptions(**kwargs)
+
+
+def test_bench_against_transformers(cli: Callable[..., Any], tiny_model_dir: Path) -> None:
+    run = cli(
+        "bench",
+        "--model",
+        str(tiny_model_dir),
+        "--num-seqs",
+        "3",
+        "--max-input-len",
+        "24",
+        "--max-output-len",
+        "16",
+        "--compare",
+        "transformers",
+        "--hf-batch-sizes",
+        "1,3",
+        "--mem-check",
+        "1",
+        "--json",
+        env={"PLUGSERVE_PLUGINS": "checker"},
+    )
+    assert run.exit_code == 0, run.stderr
+    report = json.loads(run.stdout)
+    workload = make_workload(BenchOptions(num_seqs=3, max_input_len=24, max_output_len=16))
+    assert report["workload"]["output_tokens"] == workload.output_tokens
+    engine, hf = report["engine"], report["transformers"]
+    assert engine["output_tokens"] == hf["output_tokens"] == workload.output_tokens
+    assert engine["prompt_tokens"] == workload.prompt_tokens
+    assert [t["batch_size"] for t in hf["tries"]] == [1, 3]
+    assert hf["batch_size"] in (1, 3)
+    assert report["speedup"] == pytest.approx(engine["output_tok_per_s"] / hf["output_tok_per_s"])
+
+    print_report(report)  # the table renders from the same document
+
+
+def test_report_table(capsys: pytest.CaptureFixture[str]) -> None:
+    run = {"seconds": 2.0, "prompt_tokens": 100, "output_tokens": 64, "output_tok_per_s": 32.0}
+    report = {
+        "workload": {"num_seqs": 4},
+        "engine": run,
+        "transformers": {**run, "seconds": 4.0, "output_tok_per_s": 16.0, "batch_size": 4},
+        "speedup": 2.0,
+    }
+    print_report(report)
+    out = capsys.readouterr().out
+    assert "output tok/s" in out and "32.0" in out and "16.0" in out
+    assert "plugserve / transformers: 2.00x" in out
+
+
+def test_benchmarks_script_is_a_thin_wrapper() -> None:
+    done = subprocess.run(
+        [sys.executable, "benchmarks/throughput.py", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--compare" in done.stdout and "--num-seqs" in done.stdout
