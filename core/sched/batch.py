@@ -38,7 +38,7 @@ class ScheduleBatch:
     def is_empty(self) -> bool:
         return not self.reqs
 
-    def filter_finished(self, keep_also: Req | None = None) -> None:
+    def filter_finished(self) -> None:
         self.reqs = [r for r in self.reqs if not r.finished() and not r.is_retracted]
 
     def refresh_rows(self) -> None:
