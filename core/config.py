@@ -81,6 +81,25 @@ class EngineConfig(BaseSettings):
             )
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
             raise ValueError("enable_mixed_chunk needs chunked prefill (chunked_prefill_size > 0)")
+        if self.spec != "none" and self.enable_mixed_chunk:
+            raise ValueError(
+                f"enable_mixed_chunk cannot be combined with speculative decoding (spec="
+                f"{self.spec!r}): a speculative round runs on its own; turn one of them off"
+            )
+        if self.spec_draft_tokens is not None:
+            if self.spec_topk == 1 and self.spec_draft_tokens != self.spec_steps + 1:
+                raise ValueError(
+                    f"spec_draft_tokens={self.spec_draft_tokens} with spec_topk=1: a chain "
+                    f"verifies exactly spec_steps + 1 = {self.spec_steps + 1} tokens; leave it "
+                    "unset or use spec_topk > 1"
+                )
+            most = 1 + self.spec_topk + (self.spec_steps - 1) * self.spec_topk**2
+            if self.spec_topk > 1 and not 2 <= self.spec_draft_tokens <= most:
+                raise ValueError(
+                    f"spec_draft_tokens={self.spec_draft_tokens} must be between 2 and {most} "
+                    f"(the root plus the tree nodes that spec_steps={self.spec_steps} steps of "
+                    f"spec_topk={self.spec_topk} can draft)"
+                )
         return self
 
     @property

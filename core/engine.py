@@ -24,6 +24,8 @@ from plugserve.runner.model_runner import ModelRunner
 from plugserve.sampling import SamplingParams
 from plugserve.sched.req import Req
 from plugserve.sched.scheduler import Scheduler
+from plugserve.spec.alloc import reserve_len
+from plugserve.spec.base import SpecAlgorithm, SpecContext
 
 DEFAULT_KV_BYTES = 2 << 30  # KV pool budget when kv_pool_tokens is not given
 
@@ -101,8 +103,11 @@ class Engine:
         self.arch = loaded.arch
         self.tokenizer = loaded.tokenizer
         arch = self.arch
+        # A speculative round writes up to spec_steps positions past the last token: keep
+        # them inside the model's rope table.
+        spec_margin = cfg.spec_steps + 1 if cfg.spec != "none" else 0
         self.context_len = min(cfg.context_len or arch.max_position_embeddings,
-                               arch.max_position_embeddings)
+                               arch.max_position_embeddings - spec_margin)
         page = cfg.page_size
         bytes_per_token = (
             arch.num_hidden_layers * 2 * arch.num_key_value_heads * arch.head_dim
@@ -143,6 +148,20 @@ class Engine:
             self.hook_pm.hook, self.tokenizer.eos_token_ids, self.tokenizer.decode,
         )
         self.scheduler.kv_pools = [self.kv_pool]
+        self.spec: SpecAlgorithm | None = None
+        if cfg.spec != "none":
+            spec_cls = registries.spec.get(cfg.spec).load()
+            self.spec = spec_cls(
+                SpecContext(
+                    config=cfg, target=self.model, arch=arch, backend=self.backend,
+                    target_kv_pool=self.kv_pool, req_to_token_pool=self.req_to_token_pool,
+                    num_pages=num_pages, dtype=self.dtype, device=self.device,
+                    time_s=self.runner.time_s,
+                )
+            )
+            self.runner.spec = self.spec
+            self.scheduler.spec = self.spec
+            self.scheduler.kv_pools += self.spec.kv_pools
         self.scheduler.accounted_pools = [
             AccountedPool("full", self.allocator, self.tree_cache.evictable_size,
                           self.tree_cache.protected_size)
@@ -183,6 +202,8 @@ class Engine:
             out.append(f"prompt has token ids outside the vocabulary (0..{self.arch.vocab_size - 1}):"
                        f" {bad[:5]}")
         need = min(len(ids) + max(sp.max_new_tokens, 1), self.context_len)
+        if self.config.spec != "none":
+            need += reserve_len(self.config)  # a speculative round's slots past the tokens
         if ids and ceil_align(need, self.config.page_size) > self.allocator.total_slots:
             out.append(f"request needs up to {need} KV slots but the pool holds "
                        f"{self.allocator.total_slots}; raise kv_pool_tokens")
@@ -307,7 +328,9 @@ class Engine:
         if req.spec_verify_steps:
             stats["spec_verify_steps"] = req.spec_verify_steps
             stats["spec_accepted_tokens"] = req.spec_accepted_tokens
-            stats["spec_accept_len_mean"] = len(ids) / req.spec_verify_steps
+            stats["spec_accept_len_mean"] = (
+                (req.spec_accepted_tokens + req.spec_verify_steps) / req.spec_verify_steps
+            )
             stats["spec_accept_hist"] = dict(req.spec_accept_hist)
         return GenerateResult(
             index=index, text=text, token_ids=ids, prompt_tokens=len(req.origin_input_ids),

@@ -3,7 +3,8 @@
 It reads the paged cache exactly as every other backend must: request `i`'s KV lives at slots
 `req_to_token[req_pool_indices[i], :seq_lens[i]]`. Extend runs request by request (causal with
 the cached prefix as offset, or the custom tree mask); decode gathers a padded
-[batch, max_len] slot table once per batch and runs one batched attention per layer.
+[queries, max_len] slot table once per batch and runs one batched attention per layer. A topk>1
+draft decode reads the per-branch KV lists of `plugserve.attention.draft_kv` instead.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from plugserve.attention.base import AttentionBackend, AttentionLayer, BackendCapabilities
+from plugserve.attention.draft_kv import DraftKVLists
 from plugserve.runner.forward_batch import ForwardBatch
 
 
@@ -27,6 +29,7 @@ class TorchNativeMetadata:
     padded_slots: torch.Tensor | None = None
     padded_key_pos: torch.Tensor | None = None
     padded_valid: torch.Tensor | None = None
+    kv_lens: torch.Tensor | None = None  # [queries] keys each decode query reads
 
 
 class TorchNativeBackend(AttentionBackend):
@@ -37,12 +40,16 @@ class TorchNativeBackend(AttentionBackend):
         fb = forward_batch
         rows = fb.req_pool_indices
         if fb.mode.is_decode():
+            lists = DraftKVLists.from_batch(fb)
+            if lists is not None:
+                fb.attn_metadata = self._list_metadata(lists, rows.device)
+                return
             max_len = max(fb.seq_lens_cpu) if fb.seq_lens_cpu else 1
             key_pos = torch.arange(max_len, device=rows.device)
             slots = fb.req_to_token[rows, :max_len]
             valid = key_pos[None, :] < fb.seq_lens[:, None]
             slots = torch.where(valid, slots, torch.zeros_like(slots))
-            fb.attn_metadata = TorchNativeMetadata([], [], [], slots, key_pos, valid)
+            fb.attn_metadata = TorchNativeMetadata([], [], [], slots, key_pos, valid, fb.seq_lens)
             return
         kv_slots: list[torch.Tensor] = []
         masks: list[torch.Tensor] = []
@@ -65,6 +72,20 @@ class TorchNativeBackend(AttentionBackend):
             starts.append(query_start)
             query_start += ext_len
         fb.attn_metadata = TorchNativeMetadata(kv_slots, masks, starts)
+
+    @staticmethod
+    def _list_metadata(lists: DraftKVLists, device: torch.device) -> TorchNativeMetadata:
+        """Per-query KV lists (topk>1 drafting): a padded [queries, longest] slot table."""
+        max_len = max(lists.kv_lens_cpu) if lists.kv_lens_cpu else 1
+        key_pos = torch.arange(max_len, device=device)
+        lens = torch.tensor(lists.kv_lens_cpu, dtype=torch.int64, device=device)
+        starts = torch.tensor(lists.kv_indptr_cpu()[:-1], dtype=torch.int64, device=device)
+        valid = key_pos[None, :] < lens[:, None]
+        flat = (starts[:, None] + key_pos[None, :]).clamp(max=max(lists.kv_indices.numel() - 1, 0))
+        indices = lists.kv_indices.to(device)
+        slots = indices[flat] if indices.numel() else torch.zeros_like(flat)
+        slots = torch.where(valid, slots, torch.zeros_like(slots))
+        return TorchNativeMetadata([], [], [], slots, key_pos, valid, lens)
 
     def forward_extend(
         self, q: torch.Tensor, layer: AttentionLayer, forward_batch: ForwardBatch
@@ -98,12 +119,12 @@ class TorchNativeBackend(AttentionBackend):
         fb = forward_batch
         meta: TorchNativeMetadata = fb.attn_metadata
         assert meta.padded_slots is not None and meta.padded_valid is not None
-        assert meta.padded_key_pos is not None
+        assert meta.padded_key_pos is not None and meta.kv_lens is not None
         k = fb.kv_pool.get_k(layer.layer_id)[meta.padded_slots].to(q.dtype)  # [B, L, KVH, D]
         v = fb.kv_pool.get_v(layer.layer_id)[meta.padded_slots].to(q.dtype)
         valid = meta.padded_valid
         if layer.sliding_window is not None:
-            first_key = fb.seq_lens[:, None] - layer.sliding_window
+            first_key = meta.kv_lens[:, None] - layer.sliding_window
             valid = valid & (meta.padded_key_pos[None, :] >= first_key)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),  # [B, H, 1, D]

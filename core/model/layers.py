@@ -3,15 +3,70 @@ SwiGLU MLP.
 
 Parameters are allocated with `torch.empty` on the target device and never initialised: a
 loader overwrites every one of them, so random initialisation would only cost time.
+
+Half-precision matmuls on a CPU without native bf16/fp16 kernels (no AVX512-BF16/AMX) run
+many times slower than float32 ones. There the weights stay in the model's dtype (and so do
+the activations between layers and the KV cache), but each matmul multiplies in float32
+against a float32 copy of the weight made once (`matmul_weight`).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 Device = torch.device | str
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _cpu_half_matmul_is_native(dtype: torch.dtype) -> bool:
+    mkldnn = torch.ops.mkldnn
+    if dtype == torch.bfloat16:
+        return bool(mkldnn._is_mkldnn_bf16_supported())
+    return bool(mkldnn._is_mkldnn_fp16_supported())
+
+
+def upcasts_matmul(weight: torch.Tensor) -> bool:
+    """True when matmuls against `weight` are faster in float32 on this machine."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype in _HALF
+        and not _cpu_half_matmul_is_native(weight.dtype)
+    )
+
+
+# id(weight) -> (version, weak reference to the weight, float32 copy); an entry goes away with
+# its weight.
+_fp32_copies: dict[int, tuple[int, weakref.ref[torch.Tensor], torch.Tensor]] = {}
+
+
+def matmul_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` itself, or its float32 copy where half-precision matmuls are slow. The copy is
+    refreshed when the weight is written in place (its version counter moves)."""
+    if not upcasts_matmul(weight):
+        return weight
+    key = id(weight)
+    hit = _fp32_copies.get(key)
+    if hit is not None and hit[1]() is weight and hit[0] == weight._version:
+        return hit[2]
+    copy = weight.detach().float()
+    if hit is None or hit[1]() is not weight:
+        weakref.finalize(weight, _fp32_copies.pop, key, None)
+    _fp32_copies[key] = (weight._version, weakref.ref(weight), copy)
+    return copy
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear in x's dtype, multiplying in float32 where that is faster (see above)."""
+    w = matmul_weight(weight)
+    if w is weight:
+        return F.linear(x, weight, bias)
+    b = None if bias is None else bias.float()
+    return F.linear(x.float(), w, b).to(x.dtype)
 
 
 class Linear(nn.Module):
@@ -30,7 +85,7 @@ class Linear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         out_features, in_features = self.weight.shape

@@ -20,7 +20,14 @@ from torch import nn
 
 from plugserve.attention.base import AttentionBackend, AttentionLayer
 from plugserve.model.arch import ModelArchConfig
-from plugserve.model.layers import Device, Embedding, Linear, RMSNorm, SwiGLUMLP
+from plugserve.model.layers import (
+    Device,
+    Embedding,
+    Linear,
+    RMSNorm,
+    SwiGLUMLP,
+    matmul_weight,
+)
 from plugserve.model.rope import RotaryEmbedding, apply_rope
 from plugserve.runner.forward_batch import ForwardBatch
 
@@ -32,6 +39,9 @@ class CausalLMOutput:
     # the last decoder layer's output before the final norm, same rows; only when
     # forward_batch.capture_hidden (EAGLE draft heads read it)
     hidden_states: torch.Tensor | None = None
+    # the same pre-norm hidden state for every token of the batch, [num_tokens, hidden]; only
+    # when forward_batch.capture_hidden (a draft head catches up on every new token)
+    token_hidden_states: torch.Tensor | None = None
 
 
 class Attention(nn.Module):
@@ -154,14 +164,18 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden_after_norm: torch.Tensor) -> torch.Tensor:
         """float32 vocab logits for hidden states that already went through `final_norm`."""
-        return F.linear(hidden_after_norm, self.lm_head_weight).float()
+        weight = matmul_weight(self.lm_head_weight)
+        return F.linear(hidden_after_norm.to(weight.dtype), weight).float()
 
     def forward(self, forward_batch: ForwardBatch, backend: AttentionBackend) -> CausalLMOutput:
         cos, sin = self.rotary(forward_batch.positions)
         hidden = self.embed_tokens(forward_batch.input_ids)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, forward_batch, backend)
+        every_token = hidden
         if forward_batch.logits_indices is not None:
             hidden = hidden.index_select(0, forward_batch.logits_indices)
         logits = self.compute_logits(self.final_norm(hidden))
-        return CausalLMOutput(logits, hidden if forward_batch.capture_hidden else None)
+        if not forward_batch.capture_hidden:
+            return CausalLMOutput(logits)
+        return CausalLMOutput(logits, hidden, every_token)

@@ -23,6 +23,7 @@ from plugserve.runner.sampler import sample
 from plugserve.sampling import SamplingParams
 from plugserve.sched.batch import ScheduleBatch
 from plugserve.sched.req import Req
+from plugserve.spec.base import SpecAlgorithm
 
 
 @dataclass
@@ -35,6 +36,7 @@ class PreparedStep:
     params: list[SamplingParams]
     generators: list[torch.Generator | None]
     want_logprobs: bool
+    spec_decode: bool = False  # a speculative round: the spec algorithm runs it
 
 
 @dataclass
@@ -42,6 +44,8 @@ class StepOutput:
     next_token_ids: list[int]  # per request in the batch (-1 where nothing was sampled)
     logprobs: list[float] | None
     future_refs: list[int]
+    spec_tokens: list[list[int]] | None = None  # speculative round: tokens per request
+    spec_logprobs: list[list[float]] | None = None
 
 
 class ModelRunner:
@@ -64,6 +68,7 @@ class ModelRunner:
         self.future_tokens = torch.zeros(self.future_size, dtype=torch.int64, device=device)
         self._next_ref = 0
         self.time_s: defaultdict[str, float] = defaultdict(float)
+        self.spec: SpecAlgorithm | None = None  # set by the engine when speculation is on
 
     def assign_future_refs(self, batch: ScheduleBatch) -> list[int]:
         refs = [(self._next_ref + i) % self.future_size for i in range(len(batch.reqs))]
@@ -99,6 +104,14 @@ class ModelRunner:
         )
         if batch.mode is ForwardMode.DECODE:
             fb.logits_indices = None if len(sample_rows) == len(batch.reqs) else fb.logits_indices
+        spec_decode = self.spec is not None and batch.mode is ForwardMode.DECODE
+        if self.spec is not None and batch.mode is ForwardMode.EXTEND:
+            fb.capture_hidden = True
+            fb.extra["next_token_ids"] = _shifted_token_ids(batch)
+            fb.extra["seq_token_ids"] = [
+                list(r.all_ids) if sampled else None
+                for r, sampled in zip(batch.reqs, batch.sample_mask, strict=True)
+            ]
         reqs = list(batch.reqs)
         params = [reqs[i].sampling for i in sample_rows]
         step = PreparedStep(
@@ -110,11 +123,18 @@ class ModelRunner:
             params=params,
             generators=[reqs[i].generator for i in sample_rows],
             want_logprobs=any(p.logprobs for p in params),
+            spec_decode=spec_decode,
         )
         self.time_s["prepare"] += time.perf_counter() - t0
         return step
 
     def run(self, step: PreparedStep) -> StepOutput:
+        if step.spec_decode:
+            assert self.spec is not None
+            with torch.inference_mode():
+                spec_out = self.spec.decode(step)
+            return StepOutput([-1] * len(step.reqs), None, step.future_refs,
+                              spec_out.tokens, spec_out.logprobs)
         fb = step.forward_batch
         t0 = time.perf_counter()
         if bool((fb.input_ids < 0).any()):
@@ -139,7 +159,25 @@ class ModelRunner:
                 for row, lp in zip(step.sample_rows, logprobs, strict=True):
                     logprobs_all[row] = lp
         t3 = time.perf_counter()
+        if self.spec is not None and fb.mode is ForwardMode.EXTEND:
+            with torch.inference_mode():
+                self.spec.after_extend(step, out, next_ids)
+            self.time_s["draft_extend"] += time.perf_counter() - t3
         self.time_s["metadata"] += t1 - t0
         self.time_s["forward"] += t2 - t1
         self.time_s["sample"] += t3 - t2
         return StepOutput(next_ids, logprobs_all, step.future_refs)
+
+
+def _shifted_token_ids(batch: ScheduleBatch) -> list[int]:
+    """For each new token of an extend batch, the token that follows it (-1 where that is the
+    token this forward samples): what a draft model is fed at the same position."""
+    out: list[int] = []
+    for req, prefix, ext, sampled in zip(batch.reqs, batch.prefix_lens, batch.extend_lens,
+                                         batch.sample_mask, strict=True):
+        ids = req.all_ids
+        follow = ids[prefix + 1 : prefix + ext + 1]
+        if sampled:
+            follow = [*follow[: ext - 1], -1]
+        out.extend(follow)
+    return out

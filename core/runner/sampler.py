@@ -30,6 +30,13 @@ def sample(
 
 
 def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+    probs = sampling_probs(row, p)
+    return int(torch.multinomial(probs.cpu(), 1, generator=gen).item())
+
+
+def sampling_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a non-greedy request samples from: temperature, then top-k, min-p and
+    top-p, renormalised. Speculative sampling accepts draft tokens against it."""
     probs = torch.softmax(row.float() / p.temperature, dim=-1)
     if p.top_k > 0 and p.top_k < probs.shape[0]:
         kth = torch.topk(probs, p.top_k).values[-1]
@@ -43,5 +50,4 @@ def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | Non
         drop = cumulative - sorted_probs >= p.top_p * cumulative[-1]
         sorted_probs[drop] = 0
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-    probs = probs / probs.sum()
-    return int(torch.multinomial(probs.cpu(), 1, generator=gen).item())
+    return probs / probs.sum()

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
 def _pages_for_decode(sched: Scheduler, reqs: list[Req]) -> int:
     alloc = sched.allocator
+    if sched.spec is not None:
+        from plugserve.sched.spec_decode import target_allocated_len
+
+        return sum(alloc.pages_needed(r.kv_allocated_len, target_allocated_len(sched, r))
+                   for r in reqs)
     return sum(alloc.pages_needed(r.kv_allocated_len, r.kv_allocated_len + 1) for r in reqs)
 
 

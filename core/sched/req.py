@@ -48,7 +48,10 @@ class Req:
         self.finished_s: float | None = None
         self.spec_verify_steps = 0
         self.spec_accepted_tokens = 0
-        self.spec_accept_hist: dict[int, int] = {}
+        self.spec_accept_hist: dict[int, int] = {}  # accept length -> rounds
+        # A speculative algorithm's progress for this request, touched only on the forward
+        # thread (see plugserve.spec.base).
+        self.spec_state: Any = None
         self.extra: dict[str, Any] = {}
 
     @property
@@ -74,6 +77,7 @@ class Req:
         self.kv_overallocated_freed = False
         self.extend_input_len = 0
         self.is_chunked = 0
+        self.extra.pop("spec_preclaims", None)
 
     def __repr__(self) -> str:
         return (

@@ -24,10 +24,17 @@ from plugserve.sched.batch import ScheduleBatch
 from plugserve.sched.decode import append_decode, make_room_for_decode, prepare_decode
 from plugserve.sched.prefill import build_prefill_batch
 from plugserve.sched.req import Req
+from plugserve.sched.spec_decode import (
+    forget_round,
+    prepare_spec_decode,
+    resolve_committed,
+    settle_finished,
+)
 from plugserve.sched.stop import check_stop
 
 if TYPE_CHECKING:
     from plugserve.runner.model_runner import ModelRunner, PreparedStep, StepOutput
+    from plugserve.spec.base import SpecAlgorithm
 
 
 class Scheduler:
@@ -63,6 +70,7 @@ class Scheduler:
         self.finished_reqs: list[Req] = []  # filled each step, drained by the engine
         self.kv_pools: list[Any] = []  # every KV pool, for checkers
         self.accounted_pools: list[AccountedPool] = []  # set by the engine
+        self.spec: SpecAlgorithm | None = None  # set by the engine when speculation is on
 
     # --- requests -------------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -78,6 +86,8 @@ class Scheduler:
         for req in self._live_reqs():
             if req.rid == rid and not req.finished():
                 req.finished_reason = "abort"
+                if self.spec is not None:
+                    settle_finished(req)
                 self._maybe_release(req)
                 self.finished_reqs.append(req)
                 return True
@@ -133,7 +143,10 @@ class Scheduler:
             return None
         retracted = make_room_for_decode(self, self.running_batch)
         self._requeue(retracted)
-        prepare_decode(self, self.running_batch)
+        if self.spec is not None:
+            prepare_spec_decode(self, self.running_batch)
+        else:
+            prepare_decode(self, self.running_batch)
         return self.running_batch
 
     def _mix_decodes_into(self, prefill: ScheduleBatch) -> None:
@@ -162,7 +175,53 @@ class Scheduler:
             self.chunked_req = None
         self.tree_cache.cache_finished_req(req)
 
+    def _finish(self, req: Req, reason: str, now: float) -> None:
+        req.finished_reason = reason
+        req.finished_s = now
+        if self.spec is not None:
+            settle_finished(req)
+        self.finished_reqs.append(req)
+        self._maybe_release(req)
+
+    def _emit(self, req: Req, token: int, logprob: float | None, now: float) -> bool:
+        """Append one output token; True when it finished the request."""
+        req.output_ids.append(token)
+        if logprob is not None and req.sampling.logprobs:
+            req.output_logprobs.append(logprob)
+        if req.first_token_s is None:
+            req.first_token_s = now
+        req.token_times_s.append(now)
+        reason = check_stop(req, self.eos_token_ids, self.config_context_len, self.decode_text)
+        if reason is None:
+            return False
+        self._finish(req, reason, now)
+        return True
+
+    def _process_spec_result(self, step: PreparedStep, out: StepOutput) -> None:
+        """Resolve a speculative round: emit each request's tokens, advance committed."""
+        now = time.perf_counter()
+        assert out.spec_tokens is not None
+        for i, req in enumerate(step.reqs):
+            req.extra["pending_forwards"] = req.extra.get("pending_forwards", 1) - 1
+            if req.finished() or req.is_retracted:
+                forget_round(req)
+                if req.finished():
+                    self._maybe_release(req)
+                continue
+            tokens = out.spec_tokens[i]
+            logprobs = out.spec_logprobs[i] if out.spec_logprobs is not None else None
+            resolve_committed(self, req, len(tokens))
+            req.spec_verify_steps += 1
+            req.spec_accepted_tokens += len(tokens) - 1
+            req.spec_accept_hist[len(tokens)] = req.spec_accept_hist.get(len(tokens), 0) + 1
+            for j, token in enumerate(tokens):
+                if self._emit(req, token, logprobs[j] if logprobs else None, now):
+                    break
+
     def process_result(self, step: PreparedStep, out: StepOutput) -> None:
+        if out.spec_tokens is not None:
+            self._process_spec_result(step, out)
+            return
         now = time.perf_counter()
         for i, req in enumerate(step.reqs):
             req.extra["pending_forwards"] = req.extra.get("pending_forwards", 1) - 1
@@ -173,19 +232,8 @@ class Scheduler:
                 continue
             if req.is_retracted or not step.sample_mask[i]:
                 continue
-            token = out.next_token_ids[i]
-            req.output_ids.append(token)
-            if out.logprobs is not None and req.sampling.logprobs:
-                req.output_logprobs.append(out.logprobs[i])
-            if req.first_token_s is None:
-                req.first_token_s = now
-            req.token_times_s.append(now)
-            reason = check_stop(req, self.eos_token_ids, self.config_context_len, self.decode_text)
-            if reason is not None:
-                req.finished_reason = reason
-                req.finished_s = now
-                self.finished_reqs.append(req)
-                self._maybe_release(req)
+            self._emit(req, out.next_token_ids[i],
+                       out.logprobs[i] if out.logprobs is not None else None, now)
 
     @property
     def config_context_len(self) -> int:
@@ -196,7 +244,7 @@ class Scheduler:
         refs = self.runner.assign_future_refs(batch)
         for req, ref, sampled in zip(batch.reqs, refs, batch.sample_mask, strict=True):
             req.extra["pending_forwards"] = req.extra.get("pending_forwards", 0) + 1
-            if sampled and self.overlap:
+            if sampled and self.overlap and self.spec is None:
                 req.extra["future_ref"] = ref
         step = self.runner.prepare(batch, refs)
         if self._worker is not None:

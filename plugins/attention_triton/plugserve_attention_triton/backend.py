@@ -13,9 +13,9 @@ from types import ModuleType
 import torch
 
 from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
+from plugserve.attention.draft_kv import DRAFT_KV_KEYS, DraftKVLists
 from plugserve.runner.forward_batch import ForwardBatch
 from plugserve_attention_triton.capabilities import TRITON_CAPABILITIES
-from plugserve_attention_triton.draft_kv import DRAFT_KV_KEYS, DraftKVLists
 from plugserve_attention_triton.metadata import (
     TritonAttnMetadata,
     build_decode_metadata,
@@ -79,7 +79,7 @@ class TritonAttentionBackend(AttentionBackend):
                 f"{fb.mode.value} batch has {fb.num_tokens} queries for {fb.batch_size} "
                 "requests: a topk>1 draft decode must give each branch its KV list in "
                 f"forward_batch.extra ({', '.join(DRAFT_KV_KEYS)}); see "
-                "plugserve_attention_triton.draft_kv"
+                "plugserve.attention.draft_kv"
             )
         fb.attn_metadata = build_request_decode_metadata(
             fb, max_kv_splits=self.max_kv_splits, min_tokens_per_split=self.min_tokens_per_split

@@ -25,15 +25,15 @@ if str(_PLUGIN_ROOT) not in sys.path:  # run from a checkout without installing 
 import pytest  # noqa: E402
 
 from plugserve.attention.base import AttentionContext, AttentionLayer  # noqa: E402
-from plugserve.attention.torch_native import TorchNativeBackend  # noqa: E402
-from plugserve.mem.kv_pool import KVPool  # noqa: E402
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
-from plugserve_attention_triton.backend import TritonAttentionBackend  # noqa: E402
-from plugserve_attention_triton.draft_kv import (  # noqa: E402
+from plugserve.attention.draft_kv import (  # noqa: E402
     build_draft_kv_lists,
     holey_branch_positions,
     pages_per_branch,
 )
+from plugserve.attention.torch_native import TorchNativeBackend  # noqa: E402
+from plugserve.mem.kv_pool import KVPool  # noqa: E402
+from plugserve.runner.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from plugserve_attention_triton.backend import TritonAttentionBackend  # noqa: E402
 from plugserve_attention_triton.runtime import interpreter_requested  # noqa: E402
 
 INTERPRETED = interpreter_requested()

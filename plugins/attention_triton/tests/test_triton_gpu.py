@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from plugserve.attention.draft_kv import DraftKVLists
 from plugserve.runner.forward_batch import ForwardMode
-from plugserve_attention_triton.draft_kv import DraftKVLists
 from plugserve_attention_triton.reference import reference_attention
 
 pytestmark = pytest.mark.gpu

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plugserve.runner.forward_batch import ForwardMode
-from plugserve_attention_triton.draft_kv import (
+from plugserve.attention.draft_kv import (
     DraftKVLists,
     build_draft_kv_lists,
     holey_branch_positions,
     pages_per_branch,
 )
+from plugserve.runner.forward_batch import ForwardMode
 from plugserve_attention_triton.metadata import (
     build_decode_metadata,
     build_extend_metadata,

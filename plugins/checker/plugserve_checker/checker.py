@@ -16,7 +16,14 @@ from plugserve import fixes
 from plugserve.hookspecs import hookimpl
 from plugserve_checker.errors import KVLeakError
 from plugserve_checker.physical import check_pages
-from plugserve_checker.terms import PoolTerms, batches_to_count, busy_terms, idle_terms, live_reqs
+from plugserve_checker.terms import (
+    PoolTerms,
+    batches_to_count,
+    busy_terms,
+    committed_lag,
+    idle_terms,
+    live_reqs,
+)
 
 if TYPE_CHECKING:
     from plugserve.config import EngineConfig
@@ -54,6 +61,7 @@ class KVConservationChecker:
         reqs = live_reqs(batches_to_count(scheduler))
         terms = tuple(busy_terms(pool, reqs) for pool in scheduler.accounted_pools)
         self._record(scheduler, "busy", terms)
+        self._check_committed(scheduler, reqs)
         if self.physical:
             check_pages(scheduler, reqs)
         self.steps_checked += 1
@@ -81,6 +89,18 @@ class KVConservationChecker:
             check_pages(scheduler, [])
         self.idle_checks += 1
         self.check_time_s += time.perf_counter() - t0
+
+    def _check_committed(self, scheduler: Any, reqs: list[Any]) -> None:
+        for req in reqs:
+            lag = committed_lag(req)
+            if lag:
+                self._fail(
+                    scheduler, "busy",
+                    f"request {req.rid}: committed {req.kv_committed_len} is off by {lag:+d} "
+                    f"from its {req.seq_len} tokens (every token but the last has KV, the last "
+                    f"one's is claimed by the forward in flight: "
+                    f"{req.extra.get('pending_forwards', 0)} in flight)",
+                )
 
     def _record(self, scheduler: Any, phase: str, terms: tuple[PoolTerms, ...]) -> None:
         step = int(scheduler.stats["steps"])

@@ -72,3 +72,17 @@ def busy_terms(pool: AccountedPool, reqs: list[Req]) -> PoolTerms:
 
 def idle_terms(pool: AccountedPool) -> PoolTerms:
     return busy_terms(pool, [])
+
+
+def committed_lag(req: Req) -> int | None:
+    """How far a decoding request's committed length is from the KV its tokens have.
+
+    Every token but the last has its KV written (committed); the last one's KV is written by
+    the forward in flight for the request, if any, which claimed it when it was prepared.
+    So committed == seq_len - 1, or seq_len with a forward in flight. Returns committed minus
+    that (0 = right), or None for a request this rule does not cover (prefilling, finished).
+    """
+    if req.finished() or req.is_chunked or not req.output_ids:
+        return None
+    in_flight = 1 if req.extra.get("pending_forwards", 0) > 0 else 0
+    return req.kv_committed_len - (req.seq_len - 1 + in_flight)

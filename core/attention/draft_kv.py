@@ -19,19 +19,25 @@ plugin that drafts each branch into its own slots needs nothing else. A plugin t
 true ancestor paths (a branch re-parented after re-ranking) passes those positions instead.
 
 When the three keys are present they win, for any topk (topk 1 too). Without them a decode
-batch must have one query per request and reads `req_to_token[row, :seq_len]`. The Triton
-backend sizes everything from `draft_kv_lens_cpu` and reads `draft_kv_indices`; the device
-`draft_kv_indptr` is part of the contract for backends that take it as it is.
+batch must have one query per request and reads `req_to_token[row, :seq_len]`. Backends size
+their buffers from `draft_kv_lens_cpu` (so with the topk factor) and read `draft_kv_indices`;
+the device `draft_kv_indptr` is there for backends that take an indptr as it is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
 from plugserve.runner.forward_batch import ForwardBatch
-from plugserve_attention_triton.metadata import indptr_from_lengths
+
+
+def indptr_from_lengths(lengths: list[int]) -> list[int]:
+    """[3, 1, 2] -> [0, 3, 4, 6]."""
+    return [0, *accumulate(lengths)]
+
 
 DRAFT_KV_INDPTR = "draft_kv_indptr"
 DRAFT_KV_INDICES = "draft_kv_indices"

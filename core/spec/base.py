@@ -1,0 +1,84 @@
+"""The speculative algorithm protocol.
+
+A spec plugin registers a `SpecAlgorithm` subclass; the engine builds it once with a
+`SpecContext`. The core keeps all KV *accounting* (which slots a round may use, when they are
+claimed and released, see `plugserve.sched.spec_decode`); the algorithm does the model work on
+the forward thread:
+
+- `after_extend`: after every target prefill chunk, so the draft catches up on the new
+  tokens (and, for a request's last chunk, seeds its first draft from the sampled token);
+- `decode`: one speculative round for every request of a decode batch: draft, verify with a
+  tree mask, accept, move the accepted KV into place and advance the draft. It returns the
+  tokens each request emits (accepted draft tokens, then the bonus token).
+
+Under the overlap loop `decode` for round N+1 runs before the scheduler has seen round N's
+result, so an algorithm keeps its per-request progress (verified length, last token, draft
+seed) itself, on `req.spec_state`, touched only from the forward thread. The slots a round
+writes are read from `req_to_token` at positions the scheduler allocated in advance.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from plugserve.config import EngineConfig
+from plugserve.spec.alloc import alloc_len_per_decode
+
+if TYPE_CHECKING:
+    from plugserve.attention.base import AttentionBackend
+    from plugserve.mem.kv_pool import KVPool
+    from plugserve.mem.req_to_token import ReqToTokenPool
+    from plugserve.model.arch import ModelArchConfig
+    from plugserve.runner.model_runner import PreparedStep
+
+
+@dataclass
+class SpecContext:
+    """What the engine hands a speculative algorithm at start-up."""
+
+    config: EngineConfig
+    target: Any  # plugserve.model.llama.CausalLM
+    arch: ModelArchConfig
+    backend: AttentionBackend
+    target_kv_pool: KVPool
+    req_to_token_pool: ReqToTokenPool
+    num_pages: int  # of the target pool; a draft pool uses the same slots
+    dtype: torch.dtype
+    device: torch.device
+    time_s: dict[str, float] = field(default_factory=dict)  # the runner's timing breakdown
+
+
+@dataclass
+class SpecDecodeOutput:
+    """One round's result, per request of the batch (request order)."""
+
+    tokens: list[list[int]]  # emitted tokens: accepted draft tokens, then the bonus token
+    logprobs: list[list[float]] | None = None  # target log-probability of each emitted token
+
+
+class SpecAlgorithm(ABC):
+    def __init__(self, ctx: SpecContext) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+
+    @property
+    def alloc_len_per_decode(self) -> int:
+        return alloc_len_per_decode(self.config)
+
+    @property
+    def kv_pools(self) -> list[KVPool]:
+        """Extra KV pools (e.g. the draft's) indexed by the same slots as the target's."""
+        return []
+
+    @abstractmethod
+    def after_extend(self, step: PreparedStep, output: Any, next_token_ids: list[int]) -> None:
+        """A target extend ran (`output` is its `CausalLMOutput` with every token's hidden
+        state); `next_token_ids[i]` is the token sampled for request i, or -1."""
+
+    @abstractmethod
+    def decode(self, step: PreparedStep) -> SpecDecodeOutput:
+        """Run one speculative round for every request of `step`."""
