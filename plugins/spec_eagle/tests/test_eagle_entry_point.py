@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-import pytest
-
 from plugserve.config import EngineConfig
 from plugserve.plugins import PluginHost, get_plugin_host
 from plugserve.registry import SpecCapabilities, validate_config
@@ -35,7 +33,16 @@ def test_missing_draft_model_is_a_reason() -> None:
     assert any("needs a draft model" in r for r in reasons), reasons
 
 
-def test_placeholder_says_not_built_yet() -> None:
+def test_loader_gives_the_algorithm() -> None:
+    from plugserve.spec.base import SpecAlgorithm
+
     cls = _host().registries.spec.get("eagle").load()
-    with pytest.raises(RuntimeError, match="not built yet"):
-        cls()
+    assert issubclass(cls, SpecAlgorithm)
+
+
+def test_registers_its_fix_toggles() -> None:
+    from plugserve.fixes import known_fix_toggles
+
+    _host()
+    assert {"spec_v2_bonus_preclaim", "page_tree_row_widen", "prefix_tail_duplicate",
+            "spec_topk_busy_check_skip"} <= set(known_fix_toggles())
