@@ -1,0 +1,122 @@
+"""EAGLE under memory pressure and churn, checker at level 1: multi-turn conversations that
+cross many page boundaries, pools small enough to force retracts, aborts while a round is in
+flight; output stays lossless where it is compared and the pools are whole at idle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import NUM_STEPS, PROMPTS, greedy
+
+from plugserve import registry
+from plugserve.engine import Engine, EngineStartError
+from plugserve.sched.spec_decode import check_row_width
+from plugserve.testing import EngineTest
+
+TURN_TOKENS = 48
+USER_TURNS = [[7, 8, 9], [60, 61, 62, 63, 64], [120, 3]]
+
+
+def _conversation(engine: Engine, first: list[int]) -> list[list[int]]:
+    """Three turns; each turn's prompt is the whole conversation so far plus new user tokens."""
+    history = list(first)
+    outputs = []
+    for user in USER_TURNS:
+        out = engine.generate([history], greedy(TURN_TOKENS))[0]
+        outputs.append(out.token_ids)
+        history = history + out.token_ids + user
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def plain_conversations(target_dir: Path) -> list[list[list[int]]]:
+    with Engine(model=str(target_dir), dtype="float32") as engine:
+        return [_conversation(engine, p) for p in PROMPTS[:2]]
+
+
+class TestSpecAccounting(EngineTest):
+    def spec(self, target: Path, head: Path, **kw: Any) -> Engine:
+        cfg: dict[str, Any] = dict(model=str(target), dtype="float32", spec="eagle",
+                                   draft_model=str(head), spec_steps=NUM_STEPS, page_size=16,
+                                   spec_topk=4)
+        cfg.update(kw)
+        return self.engine(**cfg)
+
+    @pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+    def test_multi_turn_long_generations(
+        self, overlap: bool, target_dir: Path, trained_head_dir: Path,
+        plain_conversations: list[list[list[int]]],
+    ) -> None:
+        with self.spec(target_dir, trained_head_dir, overlap=overlap) as engine:
+            for prompt, plain in zip(PROMPTS[:2], plain_conversations, strict=True):
+                assert _conversation(engine, prompt) == plain
+                self.assert_idle_memory_whole(engine)
+            # Later turns reuse the cached conversation.
+            assert engine.stats()["cache_evictable_slots"] > 0
+
+    @pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+    def test_small_pool_forces_retracts(
+        self, overlap: bool, target_dir: Path, trained_head_dir: Path,
+        reference: list[list[int]],
+    ) -> None:
+        # Each request keeps a reserve of 2 * 128 slots past its tokens (page 16, topk 4):
+        # 4 requests cannot all run in 640 slots.
+        with self.spec(target_dir, trained_head_dir, overlap=overlap,
+                       kv_pool_tokens=640) as engine:
+            out = engine.generate(PROMPTS, greedy())
+            assert [r.token_ids for r in out] == reference
+            assert engine.stats()["retracted_reqs"] > 0
+            self.assert_idle_memory_whole(engine)
+
+    @pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+    def test_abort_while_a_round_is_in_flight(
+        self, overlap: bool, target_dir: Path, trained_head_dir: Path,
+        reference: list[list[int]],
+    ) -> None:
+        with self.spec(target_dir, trained_head_dir, overlap=overlap) as engine:
+            sched = engine.scheduler
+            reqs = [engine.submit(p, greedy()) for p in PROMPTS]
+            aborted = set()
+            steps = 0
+            while sched.step():
+                steps += 1
+                # Under overlap a round is in flight right now for every decoding request.
+                for i in (1, 3):
+                    req = reqs[i]
+                    if i not in aborted and len(req.output_ids) >= 4 * i:
+                        assert engine.abort(req)
+                        aborted.add(i)
+            sched.settle_idle()
+            assert aborted == {1, 3}
+            for i, req in enumerate(reqs):
+                if i in aborted:
+                    assert req.finished_reason == "abort"
+                    assert req.output_ids == reference[i][: len(req.output_ids)]
+                else:
+                    assert req.output_ids == reference[i]
+            self.assert_idle_memory_whole(engine)
+
+    def test_whitelist_refuses_page_tree_for_other_backends(
+        self, target_dir: Path, trained_head_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        monkeypatch.setattr(registry, "PAGE_TREE_WHITELIST", ("triton",))
+        with pytest.raises(EngineStartError, match=r"attention backend 'torch_native' may not "
+                                                   r"run page_size>1.*allowed backends: triton"):
+            self.spec(target_dir, trained_head_dir)
+        # topk>1 at page_size 1 is a separate capability: still fine.
+        with self.spec(target_dir, trained_head_dir, page_size=1) as engine:
+            engine.generate(PROMPTS[:1], greedy(4))
+
+    def test_row_check_names_both_numbers(
+        self, target_dir: Path, trained_head_dir: Path,
+    ) -> None:
+        with self.spec(target_dir, trained_head_dir) as engine:
+            req = engine.submit(PROMPTS[0], greedy(4))
+            req.kv_committed_len = 10
+            width = engine.req_to_token_pool.row_width
+            with pytest.raises(RuntimeError, match=rf"needs allocated length {width + 1} but "
+                                                   rf"its req_to_token row is only {width}"):
+                check_row_width(engine.scheduler, req, width + 1)
+            engine.abort(req)
