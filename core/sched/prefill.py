@@ -96,6 +96,7 @@ def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
         if slots is None:
             return False
         fill = req.all_ids
+        sched.stats["prefill_tokens"] += extend_len
         batch.reqs.append(req)
         batch.input_ids.extend(fill[prefix_len : prefix_len + extend_len])
         batch.positions.extend(range(prefix_len, prefix_len + extend_len))
@@ -132,10 +133,17 @@ def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
             return None
 
     running = len(sched.running_batch.reqs)
+    in_batch = _InBatchPrefixes(page)
+    deferred: list[Req] = []
     while sched.waiting and budget > 0:
         if running + len(batch.reqs) >= cfg.max_running_requests:
             break
         req = sched.waiting[0]
+        if in_batch.computes_prefix_of(req):
+            # Another request of this batch is computing the same long prefix: wait one step
+            # and reuse it from the cache instead of computing it twice.
+            deferred.append(sched.waiting.popleft())
+            continue
         if not _admit(sched, req):
             break
         prefix_len = req.kv_committed_len
@@ -160,11 +168,48 @@ def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
         ok = add(req, prefix_len, take, final)
         assert ok
         budget -= take
+        in_batch.add(req, prefix_len)
         if not final:
             req.is_chunked += 1
             sched.chunked_req = req
             break
+    for req in reversed(deferred):
+        sched.waiting.appendleft(req)
     if not batch.reqs:
         return None
     batch.refresh_rows()
     return batch
+
+
+class _InBatchPrefixes:
+    """Prompts already in the batch being built, to spot a long prefix computed twice."""
+
+    MIN_SHARED = 32  # tokens of a new, uncached shared prefix worth waiting a step for
+
+    def __init__(self, page_size: int) -> None:
+        self.key_len = max(self.MIN_SHARED, page_size)
+        self.by_head: dict[tuple[int, ...], list[tuple[list[int], int]]] = {}
+
+    def add(self, req: Req, cached_len: int) -> None:
+        ids = req.all_ids
+        if len(ids) > self.key_len:
+            self.by_head.setdefault(tuple(ids[: self.key_len]), []).append((ids, cached_len))
+
+    def computes_prefix_of(self, req: Req) -> bool:
+        ids = req.all_ids
+        others = self.by_head.get(tuple(ids[: self.key_len]))
+        if not others:
+            return False
+        for other, cached_len in others:
+            shared = _common_prefix_len(ids[:-1], other)
+            if shared - cached_len >= self.key_len:
+                return True
+        return False
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -124,6 +124,12 @@ class Scheduler:
             r for r in last.reqs
             if not r.finished() and not r.is_retracted and r is not self.chunked_req
         ]
+        # A finished prefill's page-aligned prompt is shared from now on, not at the
+        # request's end: later requests with the same prefix reuse it while it decodes.
+        prefills = last.reqs[: len(last.reqs) - last.num_decode_reqs]
+        for req in prefills:
+            if req in keep and req.req_pool_idx is not None:
+                self.tree_cache.cache_unfinished_req(req)
         self.running_batch.filter_finished()
         if self.running_batch.is_empty():
             self.running_batch = ScheduleBatch.empty()
