@@ -38,6 +38,9 @@ class SpecCapabilities:
     topk_gt1: bool = True  # tree drafting (several branches per draft step)
     overlap: bool = True  # v2: accepted length resolved one step late
     needs_draft_model: bool = False
+    # The plugin ships a draft model for the built-in default model (used when neither the
+    # model nor the draft model is named).
+    default_draft_for_default_model: bool = False
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -348,9 +351,12 @@ def _spec_reasons(config: EngineConfig, entry: Entry[Any]) -> list[str]:
         )
     if config.overlap and not caps.overlap:
         reasons.append(f"speculative algorithm {entry.name!r} does not support the overlap loop")
-    if caps.needs_draft_model and not config.draft_model:
+    shipped = caps.default_draft_for_default_model and config.model is None
+    if caps.needs_draft_model and not config.draft_model and not shipped:
         reasons.append(
             f"speculative algorithm {entry.name!r} needs a draft model; set draft_model "
             "(--draft-model PATH)"
+            + (" (it ships one only for the built-in default model)"
+               if caps.default_draft_for_default_model else "")
         )
     return reasons

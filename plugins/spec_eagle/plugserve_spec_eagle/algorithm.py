@@ -28,6 +28,7 @@ from plugserve_spec_eagle.drafter import CatchUp, Drafter, EagleDrafter
 from plugserve_spec_eagle.lanes import LaneLayout
 from plugserve_spec_eagle.state import EagleReqState
 from plugserve_spec_eagle.tree import DraftTree
+from plugserve_spec_eagle.weights import default_head_dir
 
 
 class EagleAlgorithm(SpecAlgorithm):
@@ -42,8 +43,7 @@ class EagleAlgorithm(SpecAlgorithm):
         from plugserve_spec_eagle.head import load_head
 
         ctx = self.ctx
-        path = self.config.draft_model
-        assert path is not None, "validate_config requires a draft model for eagle"
+        path = self.config.draft_model or default_head_dir()
         head = load_head(path, ctx.target, dtype=ctx.dtype, device=ctx.device)
         hc = head.config
         pool = KVPool(

@@ -10,7 +10,9 @@ from plugserve.hookspecs import hookimpl
 from plugserve.registry import RegisterFixToggle, RegisterSpecAlgorithm, SpecCapabilities
 from plugserve.spec.alloc import extra_row_width
 
-CAPABILITIES = SpecCapabilities(topk_gt1=True, overlap=True, needs_draft_model=True)
+CAPABILITIES = SpecCapabilities(
+    topk_gt1=True, overlap=True, needs_draft_model=True, default_draft_for_default_model=True
+)
 
 FIX_TOGGLES = {
     "spec_v2_bonus_preclaim": "overlap loop: do not pre-claim the bonus slot when a round is "

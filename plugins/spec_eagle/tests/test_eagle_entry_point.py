@@ -24,13 +24,21 @@ def test_entry_point_registers_algorithm() -> None:
     entry = _host().registries.spec.get("eagle")
     assert entry.distribution == "plugserve-spec-eagle"
     assert entry.capabilities == SpecCapabilities(
-        topk_gt1=True, overlap=True, needs_draft_model=True
+        topk_gt1=True, overlap=True, needs_draft_model=True, default_draft_for_default_model=True
     )
 
 
-def test_missing_draft_model_is_a_reason() -> None:
-    reasons = validate_config(EngineConfig(spec="eagle"), _host().registries)
+def test_missing_draft_model_is_a_reason_for_a_named_model() -> None:
+    reasons = validate_config(EngineConfig(spec="eagle", model="some/model"), _host().registries)
     assert any("needs a draft model" in r for r in reasons), reasons
+
+
+def test_the_default_model_has_a_shipped_draft_head() -> None:
+    from plugserve_spec_eagle.weights import default_head_dir
+
+    reasons = validate_config(EngineConfig(spec="eagle"), _host().registries)
+    assert not any("draft model" in r for r in reasons), reasons
+    assert default_head_dir().name == "smollm2-135m-instruct"
 
 
 def test_loader_gives_the_algorithm() -> None:
