@@ -76,6 +76,14 @@ def _admit(sched: Scheduler, req: Req) -> bool:
     return True
 
 
+def _decode_pages_per_req(sched: Scheduler) -> int:
+    if sched.spec is None:
+        return 1
+    from plugserve.spec.alloc import reserve_len
+
+    return -(-reserve_len(sched.config) // sched.page_size) + 1
+
+
 def _unadmit(sched: Scheduler, req: Req) -> None:
     """Undo `_admit` for a request that got no memory this step (nothing else was taken)."""
     assert req.req_pool_idx is not None
@@ -148,8 +156,9 @@ def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
             break
         prefix_len = req.kv_committed_len
         remaining = req.seq_len - prefix_len
-        # Keep one page per running request free for its next decode step.
-        reserve_pages = running + len(batch.reqs)
+        # Keep room for every running request's next decode step (one page, or a
+        # speculative round's whole reserve).
+        reserve_pages = (running + len(batch.reqs)) * _decode_pages_per_req(sched)
         if remaining <= budget:
             take, final = remaining, True
         elif chunking:
