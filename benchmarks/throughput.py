@@ -1,6 +1,8 @@
 """Offline throughput benchmark: the same as `plugserve bench` (see plugserve.bench).
 
 python benchmarks/throughput.py [--model PATH] [--compare transformers] [--json] ...
+The other workloads run the same way: `python benchmarks/throughput.py shared-prefix ...`
+is `plugserve bench shared-prefix ...`.
 """
 
 from __future__ import annotations

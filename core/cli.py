@@ -14,6 +14,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -474,8 +475,26 @@ def _cap(value: Any) -> str:
     return str(value)
 
 
+WORKLOAD_OPTIONS: dict[str, tuple[str, ...]] = {
+    # workload -> its own options (each refused by the others)
+    "throughput": ("num_seqs", "max_input_len", "max_output_len", "seed"),
+    "shared-prefix": (
+        "groups", "prompts_per_group", "prefix_len", "question_len", "output_len", "seed",
+    ),
+    "spec": ("spec_prompts", "output_len"),
+}
+
+
 @app.command()
 def bench(
+    workload: Annotated[
+        str,
+        typer.Argument(
+            metavar="WORKLOAD",
+            help="throughput (default), shared-prefix or spec.",
+            show_default=False,
+        ),
+    ] = "throughput",
     model: ModelOpt = None,
     plugin: PluginOpt = None,
     attention: AttentionOpt = None,
@@ -489,59 +508,195 @@ def bench(
     spec_steps: SpecStepsOpt = None,
     spec_topk: SpecTopkOpt = None,
     spec_draft_tokens: SpecDraftTokensOpt = None,
-    num_seqs: Annotated[int, typer.Option(help="Requests in the workload.")] = 64,
-    max_input_len: Annotated[int, typer.Option(help="Longest prompt (tokens, >= 16).")] = 256,
-    max_output_len: Annotated[int, typer.Option(help="Longest output (tokens, >= 16).")] = 256,
+    num_seqs: Annotated[
+        int | None, typer.Option(help="throughput: requests in the workload (default 64).")
+    ] = None,
+    max_input_len: Annotated[
+        int | None,
+        typer.Option(help="throughput: longest prompt (tokens, >= 16) (default 256)."),
+    ] = None,
+    max_output_len: Annotated[
+        int | None,
+        typer.Option(help="throughput: longest output (tokens, >= 16) (default 256)."),
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="throughput, shared-prefix: workload seed (default 0).")
+    ] = None,
+    groups: Annotated[
+        int | None, typer.Option(help="shared-prefix: groups G (default 8).")
+    ] = None,
+    prompts_per_group: Annotated[
+        int | None, typer.Option(help="shared-prefix: prompts per group P (default 8).")
+    ] = None,
+    prefix_len: Annotated[
+        int | None,
+        typer.Option(help="shared-prefix: shared prefix tokens S (default 512)."),
+    ] = None,
+    question_len: Annotated[
+        int | None, typer.Option(help="shared-prefix: question tokens Q (default 32).")
+    ] = None,
+    output_len: Annotated[
+        int | None,
+        typer.Option(help="shared-prefix: output tokens O (default 32); spec: new tokens "
+                     "N (default 64)."),
+    ] = None,
+    spec_prompts: Annotated[
+        int | None, typer.Option(help="spec: chat prompts used (default 8).")
+    ] = None,
     compare: Annotated[
         str | None, typer.Option(help="Also time another implementation: transformers.")
     ] = None,
     hf_batch_sizes: Annotated[
         str, typer.Option(help="Batch sizes tried for transformers; the best counts.")
     ] = "16,32,64",
+    plot: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE.png", help="Write a bar chart of the main figures."),
+    ] = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Offline throughput on a fixed random workload (greedy, EOS ignored)."""
-    with reported_errors(debug):
-        from plugserve.bench.report import print_report
-        from plugserve.bench.throughput import BenchOptions, run_bench
+    """Offline benchmark of one workload (greedy, EOS ignored), with serving metrics.
 
+    \b
+    throughput     random prompts and output lengths, all at once (64 seqs:
+                   9,536 prompt / 8,224 output tokens)
+    shared-prefix  G groups x P prompts, each a shared S-token prefix + a Q-token
+                   question; run with the radix cache and without
+    spec           chat prompts; plain vs EAGLE chain (3 steps) vs tree (topk 4,
+                   8 tokens), page size 1 and 16, batch 1 and 8; needs a draft
+                   model (--draft-model) unless the engine ships one
+
+    \b
+    Every run reports req/s, input and output tok/s, and
+    TTFT  time to first token: mean, median, p99
+    ITL   gaps between a request's successive tokens: mean, median, p95,
+          p99; tokens of one speculative verify round arrive together,
+          a gap of 0
+    TPOT  (latency - TTFT) / (output tokens - 1) per request: mean
+    step time by phase (schedule, metadata, forward, sample, post-process,
+    check, and draft/verify/accept/draft_extend with speculation).
+    spec adds the acceptance length (tokens per verify round) and target
+    forwards per output token ((1 prefill + verify rounds) / output tokens;
+    1.0 without speculation).
+    """
+    with reported_errors(debug):
+        from plugserve.bench.hf import Comparison
+        from plugserve.bench.runner import Runner
+        from plugserve.bench.workloads import get_workload
+        from plugserve.registry import validate_config
+
+        try:
+            chosen = get_workload(workload)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        engine_values: dict[str, Any] = {
+            "cache": cache,
+            "page_size": page_size,
+            "spec": spec,
+            "spec_steps": spec_steps,
+            "spec_topk": spec_topk,
+            "spec_draft_tokens": spec_draft_tokens,
+        }
+        workload_values: dict[str, Any] = {
+            "num_seqs": num_seqs,
+            "max_input_len": max_input_len,
+            "max_output_len": max_output_len,
+            "seed": seed,
+            "groups": groups,
+            "prompts_per_group": prompts_per_group,
+            "prefix_len": prefix_len,
+            "question_len": question_len,
+            "output_len": output_len,
+            "spec_prompts": spec_prompts,
+        }
+        refuse_foreign_options(chosen.name, chosen.engine_fields_set, engine_values,
+                               workload_values)
         config = engine_config(
             model=model,
             attention=attention,
-            cache=cache,
-            page_size=page_size,
             dtype=dtype,
             device=device,
             mem_check=mem_check,
-            spec=spec,
             draft_model=draft_model,
-            spec_steps=spec_steps,
-            spec_topk=spec_topk,
-            spec_draft_tokens=spec_draft_tokens,
+            **engine_values,
         )
         options = plugin or []
-        checked_plugin_host(options, config, debug)
+        host = checked_plugin_host(options, config, debug)
         if compare not in (None, "transformers"):
             raise UsageError(f"--compare {compare!r} is not supported; allowed: transformers")
         try:
-            batch_sizes = [int(part) for part in hf_batch_sizes.split(",") if part.strip()]
+            batch_sizes = tuple(int(part) for part in hf_batch_sizes.split(",") if part.strip())
         except ValueError:
             raise UsageError(
                 f"--hf-batch-sizes must be comma-separated integers, got {hf_batch_sizes!r}"
             ) from None
         try:
-            bench_options = BenchOptions(
-                num_seqs=num_seqs,
-                max_input_len=max_input_len,
-                max_output_len=max_output_len,
-                compare_transformers=compare == "transformers",
-                hf_batch_sizes=batch_sizes,
-            )
+            workload_options = bench_workload_options(chosen.name, workload_values)
+            comparison = Comparison(batch_sizes) if compare == "transformers" else None
         except ValueError as exc:
             raise UsageError(f"invalid benchmark options: {exc}") from None
-        report = run_bench(config, options, bench_options, console=stderr_console())
+        for label, derived in chosen.engine_configs(config, workload_options).items():
+            reasons = validate_config(derived, host.registries)
+            if reasons:
+                raise UsageError(
+                    f"unsupported configuration for {chosen.name} run {label!r}: "
+                    + "; ".join(reasons)
+                )
+        runner = Runner(config, tuple(options), console=stderr_console(),
+                        show_progress=not json_out)
+        with runner.session():
+            report = chosen.run(runner, workload_options, comparison)
+        if plot is not None:
+            from plugserve.bench.plot import write_plot
+
+            report["plot"] = str(write_plot(report, plot))
         if json_out:
             print_json(report)
         else:
+            from plugserve.bench.report import print_report
+
             print_report(report)
+            if plot is not None:
+                typer.echo(f"plot written to {report['plot']}", err=True)
+
+
+def refuse_foreign_options(
+    workload: str,
+    engine_fields_set: tuple[str, ...],
+    engine_values: dict[str, Any],
+    workload_values: dict[str, Any],
+) -> None:
+    """Options the chosen workload would ignore or override are errors, not silent no-ops."""
+    flag = "--{}".format
+    overridden = [flag(k.replace("_", "-")) for k in engine_fields_set
+                  if engine_values.get(k) is not None]
+    if overridden:
+        raise UsageError(
+            f"bench {workload} chooses {', '.join(overridden)} itself; leave "
+            f"{'it' if len(overridden) == 1 else 'them'} out"
+        )
+    own = WORKLOAD_OPTIONS[workload]
+    foreign = [flag(k.replace("_", "-")) for k, v in workload_values.items()
+               if v is not None and k not in own]
+    if foreign:
+        raise UsageError(
+            f"{', '.join(foreign)} {'does' if len(foreign) == 1 else 'do'} not apply to bench "
+            f"{workload}; its options: {', '.join(flag(k.replace('_', '-')) for k in own)}"
+        )
+
+
+def bench_workload_options(workload: str, values: dict[str, Any]) -> Any:
+    """The workload's options dataclass from the options given (defaults for the rest)."""
+    from plugserve.bench.shared_prefix import SharedPrefixOptions
+    from plugserve.bench.spec import SpecOptions
+    from plugserve.bench.throughput import ThroughputOptions
+
+    given = {k: v for k, v in values.items() if v is not None}
+    if workload == "throughput":
+        return ThroughputOptions(**given)
+    if workload == "shared-prefix":
+        return SharedPrefixOptions(**given)
+    if "spec_prompts" in given:
+        given["num_prompts"] = given.pop("spec_prompts")
+    return SpecOptions(**given)

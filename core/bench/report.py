@@ -1,38 +1,187 @@
-"""Render a `plugserve bench` report as a rich table."""
+"""Render a `plugserve bench` report (the JSON document) as rich tables on stdout."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+TITLES = {
+    "throughput": "offline throughput ({num_seqs} seqs, greedy, EOS ignored)",
+    "shared-prefix": "shared prefix ({groups} groups x {prompts_per_group} prompts, prefix "
+    "{prefix_len} + question {question_len} tokens, {output_len} out)",
+    "spec": "speculative decoding ({prompts} chat prompts, {output_len} tokens each)",
+}
 
-def print_report(report: dict[str, Any]) -> None:
+
+def print_report(report: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
+
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    work = report["workload"]
+    name = work.get("name", "throughput")
+    title = TITLES.get(name, name).format(**work)
+    console.print(throughput_table(report, title))
+    console.print(latency_table(report))
+    console.print(step_table(report))
+    extra = {"shared-prefix": shared_prefix_lines, "spec": spec_lines}.get(name)
+    if extra is not None:
+        extra(report, console)
+    if name != "spec" and any(run.get("accept_len") is not None for run in report["runs"]):
+        for run in report["runs"]:
+            _say(console, f"{run['name']}: acceptance length {_num(run['accept_len'], 2)}, "
+                          f"target forwards / token {_num(run['target_forwards_per_token'], 3)}")
+    if name == "throughput" and "prompt_tokens" in work:
+        _say(console, f"workload tokens: {work['prompt_tokens']:,} prompt, "
+                      f"{work['output_tokens']:,} output")
+    hf = report.get("transformers")
+    if hf is not None:
+        ratios = ", ".join(
+            f"{r['name']} {_ratio(r.get('vs_transformers'))}" for r in report["runs"]
+        )
+        _say(console, f"plugserve / transformers (output tok/s): {ratios}")
+
+
+def _say(console: Any, text: str) -> None:
+    """A plain line: no rich highlighting of the numbers in it."""
+    console.print(text, highlight=False)
+
+
+def _num(value: Any, digits: int = 1, scale: float = 1.0) -> str:
+    return "-" if value is None else f"{value * scale:,.{digits}f}"
+
+
+def _ms(value: Any) -> str:
+    return _num(value, 2, 1000.0)
+
+
+def _ratio(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def throughput_table(report: dict[str, Any], title: str) -> Any:
     from rich.table import Table
 
-    work = report["workload"]
-    table = Table(
-        "implementation",
-        "seqs",
-        "prompt tok",
-        "output tok",
-        "seconds",
-        "output tok/s",
-        title=f"offline throughput ({work['num_seqs']} seqs, greedy, EOS ignored)",
-    )
-    rows = [("plugserve", report["engine"])]
-    if "transformers" in report:
-        hf = report["transformers"]
-        rows.append((f"transformers (batch {hf['batch_size']})", hf))
-    for name, run in rows:
-        table.add_row(
-            name,
-            str(work["num_seqs"]),
+    hf = report.get("transformers")
+    table = Table("run", "reqs", "prompt tok", "output tok", "seconds", "req/s", "input tok/s",
+                  "output tok/s", title=title)
+    if hf is not None:
+        table.add_column("vs HF")
+    for run in report["runs"]:
+        row = [
+            run["name"],
+            str(run["requests"]),
             f"{run['prompt_tokens']:,}",
             f"{run['output_tokens']:,}",
-            f"{run['seconds']:.2f}",
-            f"{run['output_tok_per_s']:.1f}",
+            _num(run["seconds"], 2),
+            _num(run["request_per_s"], 2),
+            _num(run["input_tok_per_s"]),
+            _num(run["output_tok_per_s"]),
+        ]
+        if hf is not None:
+            row.append(_ratio(run.get("vs_transformers")))
+        table.add_row(*row)
+    if hf is not None:
+        seconds = hf["seconds"]
+        row = [
+            f"transformers (batch {hf['batch_size']})",
+            str(hf.get("requests", "-")),
+            f"{hf['prompt_tokens']:,}",
+            f"{hf['output_tokens']:,}",
+            _num(seconds, 2),
+            _num(hf["requests"] / seconds if "requests" in hf and seconds else None, 2),
+            _num(hf["prompt_tokens"] / seconds if seconds else None),
+            _num(hf["output_tok_per_s"]),
+            "1.00x",
+        ]
+        table.add_row(*row)
+    return table
+
+
+def latency_table(report: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table("run", "TTFT mean", "median", "p99", "ITL mean", "median", "p95", "p99",
+                  "TPOT mean", title="latency (ms; ITL is 0 between tokens of one spec round)")
+    for run in report["runs"]:
+        ttft, itl = run["ttft_s"], run["itl_s"]
+        table.add_row(
+            run["name"], _ms(ttft["mean"]), _ms(ttft["median"]), _ms(ttft["p99"]),
+            _ms(itl["mean"]), _ms(itl["median"]), _ms(itl["p95"]), _ms(itl["p99"]),
+            _ms(run["tpot_s"]["mean"]),
         )
-    console = Console()
+    return table
+
+
+def step_table(report: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    names: list[str] = []
+    for run in report["runs"]:
+        names += [g for g in run["step_time"]["groups"] if g not in names]
+    table = Table("run", *(SHORT.get(n, n) for n in names), "total s",
+                  title="step time (seconds, share of the total)")
+    for run in report["runs"]:
+        groups = run["step_time"]["groups"]
+        cells = []
+        for g in names:
+            part = groups.get(g)
+            cells.append("-" if part is None else
+                         f"{part['seconds']:.3f} {_share(part['fraction'])}")
+        table.add_row(run["name"], *cells, f"{run['step_time']['total_s']:.3f}")
+    return table
+
+
+SHORT = {"schedule": "sched", "metadata": "meta", "post_process": "post",
+         "draft_extend": "draft ext"}
+
+
+def _share(fraction: float | None) -> str:
+    return "" if fraction is None else f"{fraction:.0%}"
+
+
+def shared_prefix_lines(report: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    summary = report["summary"]
+    unique = summary["prompt_tokens_unique"]
+    table = Table("run", "prompt tok", "unique", "prefill computed", "computed / unique",
+                  "TTFT mean ms", title="prefix reuse")
+    for run in report["runs"]:
+        table.add_row(
+            run["name"], f"{summary['prompt_tokens_total']:,}", f"{unique:,}",
+            f"{run['prefill_tokens_computed']:,}", _ratio(run["computed_over_unique"]),
+            _ms(run["ttft_s"]["mean"]),
+        )
     console.print(table)
-    if report.get("speedup") is not None:
-        console.print(f"plugserve / transformers: {report['speedup']:.2f}x")
+    targets = summary["targets"]
+    _say(
+        console,
+        f"TTFT with cache / without: {_ratio(summary['ttft_ratio'])} (target <= 0.30: "
+        f"{_ok(targets['ttft_ratio_le_0.3'])}); computed <= 1.1x unique: "
+        f"{_ok(targets['computed_le_1.1x_unique'])}",
+    )
+
+
+def spec_lines(report: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    table = Table("method", "page", "batch", "accept len", "target fwd / tok", "output tok/s",
+                  "vs plain", "lossless",
+                  title="speculation (accept len = tokens per verify round; target fwd / tok "
+                  "= (1 prefill + verify rounds) / output tokens)")
+    for run in report["runs"]:
+        s = run["settings"]
+        table.add_row(
+            s["method"], str(s["page_size"]), str(s["batch_size"]), _num(run["accept_len"], 2),
+            _num(run["target_forwards_per_token"], 3), _num(run["output_tok_per_s"]),
+            _ratio(run["speedup_vs_plain"]), _ok(run["lossless"]),
+        )
+    console.print(table)
+    summary = report["summary"]
+    speedups = ", ".join(f"{k} {_ratio(v)}" for k, v in summary["batch1_speedup_vs_plain"].items())
+    _say(console, f"batch 1, spec / plain output tok/s: {speedups}")
+    _say(console, f"lossless (spec tokens == plain tokens): {_ok(summary['lossless'])}")
+
+
+def _ok(flag: bool) -> str:
+    return "yes" if flag else "NO"

@@ -1,4 +1,5 @@
-"""`plugserve bench`: the fixed workload's checksum, and a tiny run against transformers.
+"""`plugserve bench` (throughput): the fixed workload's checksum, a tiny run against
+transformers. The other workloads: test_cli_bench_workloads.py.
 
 The run uses `--mem-check 1`, so plugserve-checker must be installed
 (`pip install --no-deps -e plugins/checker`).
@@ -10,16 +11,28 @@ import json
 import random
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from plugserve.bench.hf import Comparison
 from plugserve.bench.report import print_report
 from plugserve.bench.throughput import BenchOptions, make_workload
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny models gain nothing from threads; on a busy machine they lose a lot."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def test_default_workload_matches_its_checksum() -> None:
@@ -51,12 +64,16 @@ def test_small_vocabularies_keep_the_lengths() -> None:
     [
         ({"num_seqs": 0}, "num_seqs must be >= 1, got 0"),
         ({"max_output_len": 15}, "max_output_len must be >= 16, got 15"),
-        ({"compare_transformers": True, "hf_batch_sizes": [0]}, "hf_batch_sizes needs a size"),
     ],
 )
 def test_bad_options(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         BenchOptions(**kwargs)
+
+
+def test_bad_hf_batch_sizes() -> None:
+    with pytest.raises(ValueError, match="hf_batch_sizes needs a size"):
+        Comparison((0,))
 
 
 def test_bench_against_transformers(cli: Callable[..., Any], tiny_model_dir: Path) -> None:
@@ -83,28 +100,40 @@ def test_bench_against_transformers(cli: Callable[..., Any], tiny_model_dir: Pat
     report = json.loads(run.stdout)
     workload = make_workload(BenchOptions(num_seqs=3, max_input_len=24, max_output_len=16))
     assert report["workload"]["output_tokens"] == workload.output_tokens
-    engine, hf = report["engine"], report["transformers"]
+    (engine,), hf = report["runs"], report["transformers"]
     assert engine["output_tokens"] == hf["output_tokens"] == workload.output_tokens
     assert engine["prompt_tokens"] == workload.prompt_tokens
     assert [t["batch_size"] for t in hf["tries"]] == [1, 3]
     assert hf["batch_size"] in (1, 3)
-    assert report["speedup"] == pytest.approx(engine["output_tok_per_s"] / hf["output_tok_per_s"])
+    assert engine["vs_transformers"] == pytest.approx(
+        engine["output_tok_per_s"] / hf["output_tok_per_s"]
+    )
 
     print_report(report)  # the table renders from the same document
 
 
 def test_report_table(capsys: pytest.CaptureFixture[str]) -> None:
-    run = {"seconds": 2.0, "prompt_tokens": 100, "output_tokens": 64, "output_tok_per_s": 32.0}
+    from plugserve.bench.metrics import step_breakdown
+
+    run = {
+        "name": "plugserve", "requests": 4, "seconds": 2.0, "prompt_tokens": 100,
+        "output_tokens": 64, "request_per_s": 2.0, "input_tok_per_s": 50.0,
+        "output_tok_per_s": 32.0, "ttft_s": {"mean": 0.1, "median": 0.1, "p99": 0.2},
+        "itl_s": {"mean": 0.01, "median": 0.01, "p95": 0.02, "p99": 0.03},
+        "tpot_s": {"mean": 0.01}, "step_time": step_breakdown({"forward": 1.5, "run": 1.5}),
+        "vs_transformers": 2.0,
+    }
     report = {
-        "workload": {"num_seqs": 4},
-        "engine": run,
-        "transformers": {**run, "seconds": 4.0, "output_tok_per_s": 16.0, "batch_size": 4},
-        "speedup": 2.0,
+        "workload": {"name": "throughput", "num_seqs": 4, "prompt_tokens": 100,
+                     "output_tokens": 64},
+        "runs": [run],
+        "transformers": {"requests": 4, "prompt_tokens": 100, "output_tokens": 64,
+                         "seconds": 4.0, "output_tok_per_s": 16.0, "batch_size": 4},
     }
     print_report(report)
     out = capsys.readouterr().out
     assert "output tok/s" in out and "32.0" in out and "16.0" in out
-    assert "plugserve / transformers: 2.00x" in out
+    assert "plugserve / transformers (output tok/s): plugserve 2.00x" in out
 
 
 def test_benchmarks_script_is_a_thin_wrapper() -> None:

@@ -1,0 +1,252 @@
+"""Drive engines through a benchmark: start-up and warm-up, timed runs, a progress bar.
+
+A timed run submits requests with `engine.submit` (all at once, or keeping at most
+`concurrency` in flight), steps the scheduler itself and advances the progress bar by one per
+finished request. The engine's counters and phase times are read before and after, so a
+run reports only its own work (not the warm-up's).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from plugserve.bench import metrics
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from plugserve.config import EngineConfig
+    from plugserve.engine import Engine
+    from plugserve.sampling import SamplingParams
+    from plugserve.sched.req import Req
+
+Prompt = str | list[int]
+WARMUP_TOKENS = 8
+WARMUP_PROMPT_LEN = 16
+
+
+class BenchError(RuntimeError):
+    """A run whose numbers would not be comparable (a rejected or short request)."""
+
+
+@dataclass
+class Measured:
+    """One timed run: the finished requests and the engine's work during it."""
+
+    label: str
+    reqs: list[Req]
+    seconds: float
+    counters: dict[str, int]  # engine counter deltas (steps, prefill_tokens, ...)
+    step_time_s: dict[str, float]  # phase-time deltas
+
+    def metrics(self, spec: bool | None = None) -> dict[str, Any]:
+        """Throughput, latency and step-time figures of this run (JSON-ready), and the
+        speculation figures when `spec` (None: when any verify round ran)."""
+        out = {
+            "name": self.label,
+            **metrics.throughput_metrics(self.reqs, self.seconds),
+            **metrics.latency_metrics(self.reqs),
+            "step_time": metrics.step_breakdown(self.step_time_s),
+            "engine_counters": dict(self.counters),
+        }
+        if spec or (spec is None and any(r.spec_verify_steps for r in self.reqs)):
+            out.update(metrics.spec_metrics(self.reqs))
+        return out
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        return [list(r.origin_input_ids) for r in self.reqs]
+
+    @property
+    def outputs(self) -> list[list[int]]:
+        return [list(r.output_ids) for r in self.reqs]
+
+
+@dataclass
+class Runner:
+    """Starts engines for one benchmark and runs timed request sets on them."""
+
+    config: EngineConfig
+    plugins: tuple[str, ...] = ()
+    console: Any = None
+    show_progress: bool = True
+    _progress: Progress | None = field(default=None, init=False, repr=False)
+
+    @contextmanager
+    def session(self) -> Iterator[Runner]:
+        """Show the progress bar (on a terminal, unless turned off) while the bench runs."""
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        enabled = self.show_progress and self.console is not None and self.console.is_terminal
+        progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+            disable=not enabled,
+        )
+        with progress:
+            self._progress = progress
+            try:
+                yield self
+            finally:
+                self._progress = None
+
+    @contextmanager
+    def status(self, description: str) -> Iterator[None]:
+        """An indeterminate progress line while something without a count runs."""
+        progress = self._progress
+        task = progress.add_task(description, total=None) if progress is not None else None
+        try:
+            yield
+        finally:
+            if progress is not None and task is not None:
+                progress.remove_task(task)
+
+    @contextmanager
+    def engine(
+        self, label: str, config: EngineConfig | None = None, warmup: Prompt | None = None
+    ) -> Iterator[Engine]:
+        """Start an engine (this runner's config unless one is given), warm it up, close it."""
+        from plugserve.engine import Engine
+
+        with self.status(f"{label}: loading model"):
+            engine = Engine(config or self.config, plugins=self.plugins)
+        try:
+            with self.status(f"{label}: warm-up"):
+                warm_up(engine, warmup)
+            yield engine
+        finally:
+            engine.close()
+
+    def measure(
+        self,
+        engine: Engine,
+        label: str,
+        prompts: Sequence[Prompt],
+        params: Sequence[SamplingParams],
+        *,
+        chat: bool = False,
+        concurrency: int | None = None,
+        cold_cache: bool = True,
+    ) -> Measured:
+        """Run the requests to completion and time them; each must give all its tokens."""
+        if cold_cache:
+            engine.tree_cache.reset()  # start from an empty prefix cache (the engine is idle)
+        before = engine.stats()
+        progress = self._progress
+        task = progress.add_task(label, total=len(prompts)) if progress is not None else None
+
+        def advance() -> None:
+            if progress is not None and task is not None:
+                progress.advance(task)
+
+        start = time.perf_counter()
+        reqs = drive(engine, prompts, params, chat=chat, concurrency=concurrency, on_done=advance)
+        seconds = time.perf_counter() - start
+        after = engine.stats()
+        if progress is not None and task is not None:
+            progress.remove_task(task)
+        check_complete(label, reqs, [p.max_new_tokens for p in params])
+        counters = {
+            k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in engine.scheduler.stats
+        }
+        step_before = before.get("step_time_s", {})
+        step_time = {
+            k: float(v) - float(step_before.get(k, 0.0))
+            for k, v in after.get("step_time_s", {}).items()
+        }
+        return Measured(label, reqs, seconds, counters, step_time)
+
+
+def warm_up(engine: Engine, prompt: Prompt | None) -> None:
+    """Two short requests of different lengths, so the timed runs pay no first-call costs
+    (both the single-request and the batched paths are taken)."""
+    from plugserve.sampling import SamplingParams
+
+    if prompt is None:
+        prompt = list(range(1, WARMUP_PROMPT_LEN + 1))
+    if isinstance(prompt, list):
+        prompt = [t % int(engine.arch.vocab_size) for t in prompt[:WARMUP_PROMPT_LEN]]
+    sampling = SamplingParams(max_new_tokens=WARMUP_TOKENS, ignore_eos=True)
+    engine.generate([prompt], sampling)
+    engine.generate([prompt, prompt[: max(1, len(prompt) // 2)]], sampling)
+
+
+def drive(
+    engine: Engine,
+    prompts: Sequence[Prompt],
+    params: Sequence[SamplingParams],
+    *,
+    chat: bool = False,
+    concurrency: int | None = None,
+    on_done: Callable[[], None] | None = None,
+) -> list[Req]:
+    """Submit the requests (keeping at most `concurrency` unfinished) and step the scheduler
+    until every one is finished and the engine is idle; `on_done` runs per finished request."""
+    if len(prompts) != len(params):
+        raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+    sched = engine.scheduler
+    limit = concurrency or len(prompts)
+    queue = deque(range(len(prompts)))
+    reqs: list[Req | None] = [None] * len(prompts)
+    live: list[Req] = []
+
+    def top_up() -> None:
+        while queue and len(live) < limit:
+            i = queue.popleft()
+            req = engine.submit(prompts[i], params[i], chat=chat)
+            if req.error is not None:
+                raise BenchError(f"request {i} was rejected: {req.error}")
+            reqs[i] = req
+            live.append(req)
+
+    top_up()
+    while True:
+        progressed = sched.step()
+        for req in [r for r in live if r.finished() and r.finish_released]:
+            live.remove(req)
+            if on_done is not None:
+                on_done()
+        top_up()
+        if not progressed and sched.is_idle() and not queue:
+            sched.settle_idle()
+            break
+    for _ in live:  # finished at idle without a release event
+        if on_done is not None:
+            on_done()
+    return [r for r in reqs if r is not None]
+
+
+def check_complete(label: str, reqs: Sequence[Req], wanted: Sequence[int]) -> None:
+    """EOS is ignored, so every request must produce exactly its output length."""
+    for i, (req, n) in enumerate(zip(reqs, wanted, strict=True)):
+        if req.error or len(req.output_ids) != n:
+            raise BenchError(
+                f"{label}: request {i} produced {len(req.output_ids)} of {n} tokens "
+                f"(finish reason {req.finished_reason!r}, error {req.error!r}); the figures "
+                "would not be comparable"
+            )
+
+
+def derive(config: EngineConfig, **update: Any) -> EngineConfig:
+    """`config` with some fields replaced, validated again (unlike `model_copy`)."""
+    return type(config).model_validate({**config.model_dump(), **update})
+
+
+def new_report(runner: Runner, workload: dict[str, Any]) -> dict[str, Any]:
+    """The JSON document every workload fills: its parameters, the base config, its runs."""
+    return {"workload": workload, "config": runner.config.model_dump(mode="json"), "runs": []}
