@@ -8,6 +8,7 @@ traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -307,16 +308,27 @@ def print_results(prompts: list[str], results: list[Any]) -> None:
         if len(results) > 1:
             typer.echo(f"--- [{result.index}] {prompts[result.index][:60]!r}")
         typer.echo(result.text)
-    table = Table("#", "prompt tok", "output tok", "finish", "ttft s", "tok/s", box=None)
+    speculative = any("spec_verify_steps" in r.stats for r in results)
+    columns = ["#", "prompt tok", "output tok", "finish", "ttft s", "tok/s"]
+    if speculative:
+        columns += ["spec rounds", "accepted", "accept len"]
+    table = Table(*columns, box=None)
     for r in results:
-        table.add_row(
+        row = [
             str(r.index),
             str(r.prompt_tokens),
             str(r.output_tokens),
             str(r.finish_reason),
             _num(r.stats.get("ttft_s")),
             _num(r.stats.get("output_tokens_per_s"), 1),
-        )
+        ]
+        if speculative:
+            row += [
+                str(r.stats.get("spec_verify_steps", "-")),
+                str(r.stats.get("spec_accepted_tokens", "-")),
+                _num(r.stats.get("spec_accept_len_mean"), 2),
+            ]
+        table.add_row(*row)
     stderr_console().print(table)
 
 
@@ -612,6 +624,11 @@ def bench(
         }
         refuse_foreign_options(chosen.name, chosen.engine_fields_set, engine_values,
                                workload_values)
+        # The spec workload turns speculation on and off itself: its draft model is a
+        # workload option, not part of the base engine config.
+        spec_draft_model = draft_model if chosen.name == "spec" else None
+        if spec_draft_model is not None:
+            draft_model = None
         config = engine_config(
             model=model,
             attention=attention,
@@ -633,6 +650,9 @@ def bench(
             ) from None
         try:
             workload_options = bench_workload_options(chosen.name, workload_values)
+            if spec_draft_model is not None:
+                workload_options = dataclasses.replace(workload_options,
+                                                       draft_model=spec_draft_model)
             comparison = Comparison(batch_sizes) if compare == "transformers" else None
         except ValueError as exc:
             raise UsageError(f"invalid benchmark options: {exc}") from None

@@ -81,6 +81,19 @@ class EngineConfig(BaseSettings):
             )
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
             raise ValueError("enable_mixed_chunk needs chunked prefill (chunked_prefill_size > 0)")
+        if self.spec == "none":
+            stray = [
+                name for name, on in (
+                    ("draft_model", self.draft_model is not None),
+                    ("spec_topk", self.spec_topk != 1),
+                    ("spec_draft_tokens", self.spec_draft_tokens is not None),
+                ) if on
+            ]
+            if stray:
+                raise ValueError(
+                    f"{', '.join(stray)} set without a speculative algorithm (spec='none'): "
+                    "choose one with spec (--spec eagle) or leave them unset"
+                )
         if self.spec != "none" and self.enable_mixed_chunk:
             raise ValueError(
                 f"enable_mixed_chunk cannot be combined with speculative decoding (spec="

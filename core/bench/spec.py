@@ -34,7 +34,7 @@ PAGE_SIZES = (1, 16)
 BATCH_SIZES = (1, 8)
 # method -> engine fields
 METHODS: dict[str, dict[str, Any]] = {
-    "plain": {"spec": "none", "spec_topk": 1, "spec_draft_tokens": None},
+    "plain": {"spec": "none", "spec_topk": 1, "spec_draft_tokens": None, "draft_model": None},
     "chain": {"spec": "eagle", "spec_steps": 3, "spec_topk": 1, "spec_draft_tokens": None},
     "tree": {"spec": "eagle", "spec_steps": 3, "spec_topk": 4, "spec_draft_tokens": 8},
 }
@@ -45,6 +45,7 @@ ENGINE_FIELDS_SET = ("spec", "page_size", "spec_steps", "spec_topk", "spec_draft
 class SpecOptions:
     num_prompts: int = 8
     output_len: int = 64
+    draft_model: str | None = None  # None: the engine's default (a head shipped for the model)
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1:
@@ -69,7 +70,10 @@ def label(method: str, page_size: int, batch: int | None = None) -> str:
 
 def engine_configs(base: EngineConfig, options: SpecOptions) -> dict[str, EngineConfig]:
     return {
-        label(method, page): derive(base, page_size=page, **fields)
+        label(method, page): derive(
+            base, page_size=page, **fields,
+            **({} if method == "plain" else {"draft_model": options.draft_model}),
+        )
         for page in PAGE_SIZES
         for method, fields in METHODS.items()
     }
@@ -88,7 +92,7 @@ def run(runner: Runner, options: SpecOptions, comparison: Comparison | None) -> 
             "page_sizes": list(PAGE_SIZES),
             "batch_sizes": list(BATCH_SIZES),
             "methods": METHODS,
-            "draft_model": runner.config.draft_model,
+            "draft_model": options.draft_model,
             "output_tokens": options.num_prompts * options.output_len,
         },
     )

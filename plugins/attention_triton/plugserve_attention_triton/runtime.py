@@ -60,7 +60,24 @@ def _import_triton() -> None:
         ) from exc
 
 
+def triton_imported_without_interpreter() -> bool:
+    """`triton` is imported and its own @jit helpers (tl.max, tl.sum, ...) were decorated for
+    compilation: setting the interpreter variable now comes too late for them."""
+    if "triton" not in sys.modules:
+        return False
+    standard = sys.modules.get("triton.language.standard")
+    helper = getattr(standard, "max", None)
+    return helper is not None and type(helper).__name__ != "InterpretedFunction"
+
+
 def _prepare_cpu() -> None:
+    if not kernels_imported() and triton_imported_without_interpreter():
+        raise TritonRuntimeError(
+            "attention backend 'triton' on device 'cpu' needs the Triton interpreter, but "
+            "'triton' was already imported in this process without it (torch.compile or an "
+            "optimizer import it), so its library functions are compiled-only. Start the "
+            f"process with {INTERPRET_ENV}=1 in the environment to run Triton on the CPU."
+        )
     if kernels_imported():
         if not kernels_interpreted():
             raise TritonRuntimeError(
