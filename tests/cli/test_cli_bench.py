@@ -11,7 +11,7 @@ import json
 import random
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +23,6 @@ from plugserve.bench.throughput import BenchOptions, make_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from threads; on a busy machine they lose a lot."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_default_workload_matches_its_checksum() -> None:

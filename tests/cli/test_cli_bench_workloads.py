@@ -7,7 +7,7 @@ plugserve-checker must be installed; the spec run needs plugserve-spec-eagle.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,16 +34,6 @@ SPEC_FIELDS = {
     "target_forwards_per_token", "speedup_vs_plain", "lossless",
 }
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from threads; on a busy machine they lose a lot."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

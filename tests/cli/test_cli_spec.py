@@ -9,12 +9,11 @@ clear error line. Needs plugserve-checker and plugserve-spec-eagle installed
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 pytest.importorskip("plugserve_spec_eagle")
 
@@ -25,13 +24,6 @@ STEPS, TOPK, DRAFT_TOKENS = 2, 2, 4
 SPEC_ARGS = ("--spec", "eagle", "--spec-steps", str(STEPS), "--spec-topk", str(TOPK),
              "--spec-draft-tokens", str(DRAFT_TOKENS))
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,9 @@ target's plain greedy output to compare speculative output against."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from plugserve.engine import Engine
 from plugserve.sampling import SamplingParams
@@ -29,14 +27,6 @@ NUM_STEPS = 3
 def greedy(max_new: int = MAX_NEW) -> SamplingParams:
     return SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
 
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tiny models: thread hand-offs cost more than they save on a shared 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,14 +25,6 @@ from plugserve_spec_eagle.train_data import (
 
 DRAFT_VOCAB = 128
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    # Tiny models gain nothing from threads, and a busy 2-core CPU makes them far slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def run_training(model_dir: Path, out: Path, seed: int = 0) -> TrainReport:
