@@ -41,8 +41,8 @@ class KVPool:
         return self.num_pages * self.page_size
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k_buffer[layer_id][loc] = k.to(self.dtype)
-        self.v_buffer[layer_id][loc] = v.to(self.dtype)
+        self.k_buffer[layer_id].index_copy_(0, loc, k.to(self.dtype))
+        self.v_buffer[layer_id].index_copy_(0, loc, v.to(self.dtype))
 
     def get_k(self, layer_id: int) -> torch.Tensor:
         return self.k_buffer[layer_id]
