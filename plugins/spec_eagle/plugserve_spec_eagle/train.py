@@ -328,6 +328,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--save-dtype", choices=sorted(SAVE_DTYPES), default="bfloat16")
     parser.add_argument("--held-out", type=float, default=0.1,
                         help="fraction of sequences held out for the accuracy check")
+    parser.add_argument("--feature-weight", type=float, default=1.0,
+                        help="weight of the hidden-state regression loss")
+    parser.add_argument("--token-weight", type=float, default=0.1,
+                        help="weight of the next-token cross-entropy loss")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice)")
@@ -342,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         draft_vocab_size=args.draft_vocab, epochs=args.epochs, lr=args.lr,
         batch_size=args.batch_size, chat=args.chat, dtype_to_save=args.save_dtype,
         ignore_eos=args.ignore_eos, held_out_fraction=args.held_out, device=args.device,
-        threads=args.threads, log=print,
+        threads=args.threads, feature_weight=args.feature_weight,
+        token_weight=args.token_weight, log=print,
     )
     print(report.summary())
     return 0
