@@ -114,6 +114,8 @@ def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
         batch.sample_mask.append(final)
         return True
 
+    # Prompts this batch computes, so no other request computes the same long prefix.
+    in_batch = _InBatchPrefixes(page)
     # A chunked request continues first.
     if sched.chunked_req is not None:
         req = sched.chunked_req
@@ -121,6 +123,7 @@ def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
         remaining = req.seq_len - prefix_len
         take = remaining if remaining <= budget else floor_align(budget, page)
         if take > 0 and add(req, prefix_len, take, final=take == remaining):
+            in_batch.add(req, prefix_len)
             budget -= take
             if take == remaining:
                 req.is_chunked = 0
@@ -141,7 +144,6 @@ def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
             return None
 
     running = len(sched.running_batch.reqs)
-    in_batch = _InBatchPrefixes(page)
     deferred: list[Req] = []
     while sched.waiting and budget > 0:
         if running + len(batch.reqs) >= cfg.max_running_requests:

@@ -36,6 +36,18 @@ class TestSharedPrefix(EngineTest):
         assert computed <= unique + len(prompts) * page, (computed, unique)
         assert [r.token_ids for r in out] == hf_greedy(tiny_model_dir, prompts, [6] * len(prompts))
 
+    def test_chunked_prefix_is_not_computed_twice(self, tiny_model_dir: Path) -> None:
+        # A 64-token budget splits the first prompt; its last chunk shares a batch with the
+        # next prompt, which must wait for the rest of the prefix instead of computing it.
+        prompts = [PREFIX[:60] * 2 + [10, 20 + q, 30 + q] for q in range(4)]
+        sp = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+        with self.engine(model=str(tiny_model_dir), chunked_prefill_size=64) as engine:
+            out = engine.generate(prompts, sp)
+            computed = engine.stats()["prefill_tokens"]
+            self.assert_idle_memory_whole(engine)
+        assert computed == 121 + 2 * len(prompts)
+        assert [r.token_ids for r in out] == hf_greedy(tiny_model_dir, prompts, [4] * len(prompts))
+
     def test_no_cache_computes_everything(self, tiny_model_dir: Path) -> None:
         prompts = _prompts()
         sp = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
