@@ -8,6 +8,7 @@ built without synchronising with a GPU.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,48 @@ class ForwardBatch:
     attn_metadata: Any = None
     spec_info: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_lengths(
+        cls,
+        mode: ForwardMode,
+        *,
+        input_ids: torch.Tensor | Sequence[int],
+        positions: torch.Tensor | Sequence[int],
+        out_cache_loc: torch.Tensor | Sequence[int],
+        req_pool_indices: torch.Tensor,
+        prefix_lens: Sequence[int],
+        extend_lens: Sequence[int],
+        req_to_token: torch.Tensor,
+        kv_pool: KVPool,
+        device: torch.device | str,
+        **optional: Any,
+    ) -> ForwardBatch:
+        """A batch laid out from per-request KV lengths: each request has `prefix_lens[i]`
+        tokens cached and `extend_lens[i]` new ones; `seq_lens` and the host mirrors follow."""
+        prefix = list(prefix_lens)
+        extend = list(extend_lens)
+        seq_lens = [p + e for p, e in zip(prefix, extend, strict=True)]
+
+        def ids(values: torch.Tensor | Sequence[int]) -> torch.Tensor:
+            return torch.as_tensor(values, dtype=torch.int64).to(device)
+
+        return cls(
+            mode=mode,
+            input_ids=ids(input_ids),
+            positions=ids(positions),
+            out_cache_loc=ids(out_cache_loc),
+            req_pool_indices=req_pool_indices.to(device),
+            seq_lens=ids(seq_lens),
+            extend_prefix_lens=ids(prefix),
+            extend_seq_lens=ids(extend),
+            req_to_token=req_to_token,
+            kv_pool=kv_pool,
+            seq_lens_cpu=seq_lens,
+            extend_prefix_lens_cpu=prefix,
+            extend_seq_lens_cpu=extend,
+            **optional,
+        )
 
     @property
     def batch_size(self) -> int:

@@ -78,27 +78,23 @@ class ModelRunner:
     def prepare(self, batch: ScheduleBatch, refs: list[int]) -> PreparedStep:
         t0 = time.perf_counter()
         dev = self.device
-        seq_lens = [p + e for p, e in zip(batch.prefix_lens, batch.extend_lens, strict=True)]
         last_index = []
         acc = 0
         for e in batch.extend_lens:
             acc += e
             last_index.append(acc - 1)
         sample_rows = [i for i, s in enumerate(batch.sample_mask) if s]
-        fb = ForwardBatch(
-            mode=batch.mode,
-            input_ids=torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(batch.positions, dtype=torch.int64, device=dev),
-            out_cache_loc=torch.tensor(batch.out_cache_loc, dtype=torch.int64, device=dev),
-            req_pool_indices=batch.req_pool_indices.to(dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
-            extend_prefix_lens=torch.tensor(batch.prefix_lens, dtype=torch.int64, device=dev),
-            extend_seq_lens=torch.tensor(batch.extend_lens, dtype=torch.int64, device=dev),
+        fb = ForwardBatch.from_lengths(
+            batch.mode,
+            input_ids=batch.input_ids,
+            positions=batch.positions,
+            out_cache_loc=batch.out_cache_loc,
+            req_pool_indices=batch.req_pool_indices,
+            prefix_lens=batch.prefix_lens,
+            extend_lens=batch.extend_lens,
             req_to_token=self.req_to_token_pool.req_to_token,
             kv_pool=self.kv_pool,
-            seq_lens_cpu=seq_lens,
-            extend_prefix_lens_cpu=list(batch.prefix_lens),
-            extend_seq_lens_cpu=list(batch.extend_lens),
+            device=dev,
             logits_indices=torch.tensor([last_index[i] for i in sample_rows], dtype=torch.int64,
                                         device=dev),
         )

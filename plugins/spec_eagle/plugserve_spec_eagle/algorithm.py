@@ -120,7 +120,6 @@ class EagleAlgorithm(SpecAlgorithm):
         tree: DraftTree,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         ctx = self.ctx
-        dev = ctx.device
         n = tree.num_nodes
         lens = [s.verified_len for s in states]
         anc = tree.ancestor_mask()
@@ -131,22 +130,18 @@ class EagleAlgorithm(SpecAlgorithm):
                          .reshape(-1))
             out_loc.append(rows[b][length : length + n])
         positions = (torch.tensor(lens, dtype=torch.int64)[:, None] + tree.depths).reshape(-1)
-        seq_lens = [length + n for length in lens]
-        fb = ForwardBatch(
-            mode=ForwardMode.TARGET_VERIFY,
-            input_ids=tree.tokens.reshape(-1).to(dev),
-            positions=positions.to(dev),
-            out_cache_loc=torch.cat(out_loc).to(dev),
-            req_pool_indices=row_ids.to(dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
-            extend_prefix_lens=torch.tensor(lens, dtype=torch.int64, device=dev),
-            extend_seq_lens=torch.full((len(lens),), n, dtype=torch.int64, device=dev),
+        fb = ForwardBatch.from_lengths(
+            ForwardMode.TARGET_VERIFY,
+            input_ids=tree.tokens.reshape(-1),
+            positions=positions,
+            out_cache_loc=torch.cat(out_loc),
+            req_pool_indices=row_ids,
+            prefix_lens=lens,
+            extend_lens=[n] * len(lens),
             req_to_token=ctx.req_to_token_pool.req_to_token,
             kv_pool=ctx.target_kv_pool,
-            seq_lens_cpu=seq_lens,
-            extend_prefix_lens_cpu=list(lens),
-            extend_seq_lens_cpu=[n] * len(lens),
-            custom_mask=torch.cat(masks).to(dev),
+            device=ctx.device,
+            custom_mask=torch.cat(masks).to(ctx.device),
             capture_hidden=True,
         )
         ctx.backend.init_forward_metadata(fb)

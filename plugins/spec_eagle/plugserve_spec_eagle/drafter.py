@@ -75,25 +75,20 @@ class EagleDrafter:
 
     # --- catching up ------------------------------------------------------------------------
     def catch_up(self, batch: CatchUp) -> None:
-        seq_lens = [p + e for p, e in zip(batch.prefix_lens, batch.extend_lens, strict=True)]
         ends = torch.tensor(batch.extend_lens, dtype=torch.int64).cumsum(0) - 1
         seeded = [i for i, s in enumerate(batch.seed) if s is not None]
-        dev = self.device
-        fb = ForwardBatch(
-            mode=ForwardMode.DRAFT_EXTEND,
-            input_ids=batch.input_ids.to(dev),
-            positions=batch.positions.to(dev),
-            out_cache_loc=batch.out_cache_loc.to(dev),
-            req_pool_indices=batch.rows.to(dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
-            extend_prefix_lens=torch.tensor(batch.prefix_lens, dtype=torch.int64, device=dev),
-            extend_seq_lens=torch.tensor(batch.extend_lens, dtype=torch.int64, device=dev),
+        fb = ForwardBatch.from_lengths(
+            ForwardMode.DRAFT_EXTEND,
+            input_ids=batch.input_ids,
+            positions=batch.positions,
+            out_cache_loc=batch.out_cache_loc,
+            req_pool_indices=batch.rows,
+            prefix_lens=batch.prefix_lens,
+            extend_lens=batch.extend_lens,
             req_to_token=self.req_to_token_pool.req_to_token,
             kv_pool=self.pool,
-            seq_lens_cpu=seq_lens,
-            extend_prefix_lens_cpu=list(batch.prefix_lens),
-            extend_seq_lens_cpu=list(batch.extend_lens),
-            logits_indices=ends[seeded].to(dev),
+            device=self.device,
+            logits_indices=ends[seeded].to(self.device),
         )
         self.backend.init_forward_metadata(fb)
         out = self.head(fb, self.backend, batch.hidden)
@@ -172,28 +167,22 @@ class EagleDrafter:
         """One draft forward: every lane's leaf, at draft position L + step - 1."""
         layout = self.layout
         k = layout.topk
-        dev = self.device
         positions = [length + step - 1 for length in lens for _ in range(k)]
         out_loc = torch.cat([
             row[torch.tensor(layout.step_positions(length, step), device=row.device)]
             for row, length in zip(rows, lens, strict=True)
         ])
-        seq_lens = [length + step for length in lens for _ in range(k)]
-        fb = ForwardBatch(
-            mode=ForwardMode.DRAFT_DECODE,
-            input_ids=leaf_ids.reshape(-1).to(dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            out_cache_loc=out_loc.to(dev),
-            req_pool_indices=row_ids.to(dev).repeat_interleave(k),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
-            extend_prefix_lens=torch.tensor([s - 1 for s in seq_lens], dtype=torch.int64,
-                                            device=dev),
-            extend_seq_lens=torch.ones(len(seq_lens), dtype=torch.int64, device=dev),
+        fb = ForwardBatch.from_lengths(
+            ForwardMode.DRAFT_DECODE,
+            input_ids=leaf_ids.reshape(-1),
+            positions=positions,
+            out_cache_loc=out_loc,
+            req_pool_indices=row_ids.repeat_interleave(k),
+            prefix_lens=[length + step - 1 for length in lens for _ in range(k)],
+            extend_lens=[1] * (len(lens) * k),
             req_to_token=self.req_to_token_pool.req_to_token,
             kv_pool=self.pool,
-            seq_lens_cpu=seq_lens,
-            extend_prefix_lens_cpu=[s - 1 for s in seq_lens],
-            extend_seq_lens_cpu=[1] * len(seq_lens),
+            device=self.device,
         )
         if k > 1:
             lane_kv_lists(rows, lens, layout, step).store(fb)
