@@ -32,6 +32,7 @@ from itertools import accumulate
 import torch
 
 from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.spec.alloc import pages_per_branch
 
 
 def indptr_from_lengths(lengths: list[int]) -> list[int]:
@@ -86,11 +87,6 @@ class DraftKVLists:
                 "request-major"
             )
         return lists
-
-
-def pages_per_branch(page_size: int, num_steps: int) -> int:
-    """Whole pages each branch owns after the prefix's base (DESIGN.md §5)."""
-    return -(-(page_size - 1 + num_steps) // page_size)
 
 
 def holey_branch_positions(
