@@ -16,23 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dummy_plugins"))
-import dummy_site
-
-
-@pytest.fixture(autouse=True)
-def fresh_plugin_hosts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from plugserve.plugins import clear_plugin_hosts
-
-    monkeypatch.delenv("PLUGSERVE_PLUGINS", raising=False)
-    clear_plugin_hosts()
-    yield
-    clear_plugin_hosts()
-
-
-@pytest.fixture
-def dummy_plugins() -> Iterator[Path]:
-    with dummy_site.activated() as site:
-        yield site
+from plugin_fixtures import dummy_plugins, fresh_plugin_hosts  # noqa: F401 (fixtures)
 
 
 @dataclass

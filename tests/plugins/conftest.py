@@ -6,30 +6,13 @@ The dummy plugin packages must be installed first: `bash tests/dummy_plugins/ins
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dummy_plugins"))
-import dummy_site
-
-
-@pytest.fixture(autouse=True)
-def fresh_plugin_hosts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every test loads plugins anew, with no allowlist unless it sets one."""
-    from plugserve.plugins import clear_plugin_hosts
-
-    monkeypatch.delenv("PLUGSERVE_PLUGINS", raising=False)
-    clear_plugin_hosts()
-    yield
-    clear_plugin_hosts()
-
-
-@pytest.fixture
-def dummy_plugins() -> Iterator[Path]:
-    with dummy_site.activated() as site:
-        yield site
+from plugin_fixtures import dummy_plugins, fresh_plugin_hosts  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
