@@ -46,7 +46,7 @@ def plugserve_register_attention_backends(register: RegisterAttentionBackend) ->
     register(
         "torch_native",
         _torch_native,
-        BackendCapabilities(page_gt1_topk_gt1=True),
+        BackendCapabilities(),
         description="reference backend in plain PyTorch; any page size; CPU and CUDA",
     )
 

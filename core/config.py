@@ -7,10 +7,13 @@ selected plugins (a backend's page sizes, topk>1 support, ...) are checked by
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from plugserve.fixes import ENV_VAR as REVERT_FIX_ENV
+from plugserve.fixes import parse_reverts
 
 DType = Literal["float32", "bfloat16", "float16"]
 
@@ -64,6 +67,19 @@ class EngineConfig(BaseSettings):
     mem_check: int = Field(default=0, ge=0, le=2, description="0 off, 1 quiet, 2 verbose")
     check_pages: bool = False
     mem_check_ring_size: int = Field(default=64, ge=1)
+
+    # Fix toggles to revert (tests only): resolved once here, never read from the environment
+    # on a hot path. `PLUGSERVE_REVERT_FIX=a,b` or `revert_fixes={"a", "b"}`.
+    revert_fixes: Annotated[frozenset[str], NoDecode] = Field(
+        default=frozenset(),
+        validation_alias=AliasChoices("revert_fixes", REVERT_FIX_ENV),
+        description="names of fixed accounting bugs to put back (see plugserve.fixes)",
+    )
+
+    @field_validator("revert_fixes", mode="before")
+    @classmethod
+    def _split_reverts(cls, value: Any) -> frozenset[str]:
+        return parse_reverts(value)
 
     @field_validator("device")
     @classmethod

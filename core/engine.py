@@ -11,21 +11,22 @@ from typing import Any
 import pluggy
 import torch
 
-from plugserve import fixes
 from plugserve.attention.base import AttentionContext
 from plugserve.config import EngineConfig
-from plugserve.mem.accounting import AccountedPool
+from plugserve.device import device_problems
+from plugserve.fixes import unknown_reverts
 from plugserve.mem.allocator import PagedAllocator, ceil_align
 from plugserve.mem.kv_pool import KVPool
+from plugserve.mem.manager import KVManager
 from plugserve.mem.req_to_token import ReqToTokenPool
 from plugserve.plugins import PluginHost, load_plugins
 from plugserve.registry import validate_config
+from plugserve.request_input import PromptError, token_ids
 from plugserve.runner.model_runner import ModelRunner
-from plugserve.sampling import SamplingParams
+from plugserve.sampling import SamplingParams, is_int
 from plugserve.sched.req import Req
 from plugserve.sched.scheduler import Scheduler
-from plugserve.spec.alloc import reserve_len
-from plugserve.spec.base import SpecAlgorithm, SpecContext
+from plugserve.spec.base import SpecAlgorithm, SpecContext, SpecFootprint
 
 DEFAULT_KV_BYTES = 2 << 30  # KV pool budget when kv_pool_tokens is not given
 
@@ -66,6 +67,13 @@ def _torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
+def _refuse(reasons: list[str]) -> None:
+    if reasons:
+        raise EngineStartError(
+            "unsupported configuration:\n" + "\n".join(f"  - {r}" for r in reasons)
+        )
+
+
 class Engine:
     def __init__(
         self,
@@ -81,14 +89,9 @@ class Engine:
         self.config = config
         self.host: PluginHost = load_plugins(plugins, allowlist=config.plugins)
         reasons = validate_config(config, self.host.registries)
-        try:
-            fixes.check_requested_reverts()
-        except ValueError as exc:
-            reasons.append(str(exc))
-        if reasons:
-            raise EngineStartError(
-                "unsupported configuration:\n" + "\n".join(f"  - {r}" for r in reasons)
-            )
+        reasons += unknown_reverts(config.revert_fixes)
+        reasons += device_problems(config.device)
+        _refuse(reasons)
         torch.manual_seed(config.seed)
         self._build(config)
 
@@ -103,9 +106,16 @@ class Engine:
         self.arch = loaded.arch
         self.tokenizer = loaded.tokenizer
         arch = self.arch
+        registries = self.host.registries
+        # Now that the model is known: can the selected plugins run its sliding windows?
+        if arch.sliding_window_layer_ids:
+            _refuse(validate_config(cfg, registries, sliding_window=True))
+        spec_cls = registries.spec.get(cfg.spec).load() if cfg.spec != "none" else None
+        footprint: SpecFootprint | None = spec_cls.plan_footprint(cfg) if spec_cls else None
+        self.spec_footprint = footprint
         # A speculative round writes up to spec_steps positions past the last token: keep
         # them inside the model's rope table.
-        spec_margin = cfg.spec_steps + 1 if cfg.spec != "none" else 0
+        spec_margin = cfg.spec_steps + 1 if footprint is not None else 0
         self.context_len = min(cfg.context_len or arch.max_position_embeddings,
                                arch.max_position_embeddings - spec_margin)
         page = cfg.page_size
@@ -119,19 +129,17 @@ class Engine:
         num_pages = max(1, pool_tokens // page)
 
         self.hook_pm = self._lifecycle_plugins()
-        extra = [w for w in self.hook_pm.hook.plugserve_extra_row_width(config=cfg) if w]
-        row_width = ceil_align(self.context_len + 2 + max(extra, default=0), page) + page
-        self.req_to_token_pool = ReqToTokenPool(cfg.max_running_requests, row_width, self.device)
-        self.allocator = PagedAllocator(num_pages, page)
+        extra = footprint.extra_row_width if footprint is not None else 0
+        row_width = ceil_align(self.context_len + 2 + extra, page) + page
+        rows = ReqToTokenPool(cfg.max_running_requests, row_width, self.device)
+        allocator = PagedAllocator(num_pages, page)
         layers = arch.attention_layers()
         self.kv_pool = KVPool(
             num_pages=num_pages, page_size=page, layer_ids=[layer.layer_id for layer in layers],
             num_kv_heads=arch.num_key_value_heads, head_dim=arch.head_dim, dtype=self.dtype,
             device=self.device,
         )
-        registries = self.host.registries
-        backend_cls = registries.attention.get(cfg.attention).load()
-        self.backend = backend_cls(
+        self.backend = registries.attention.get(cfg.attention).load()(
             AttentionContext(
                 num_heads=arch.num_attention_heads, num_kv_heads=arch.num_key_value_heads,
                 head_dim=arch.head_dim, page_size=page, max_batch_size=cfg.max_running_requests,
@@ -139,33 +147,29 @@ class Engine:
                 spec_topk=cfg.spec_topk,
             )
         )
-        cache_cls = registries.cache.get(cfg.cache).load()
-        self.tree_cache = cache_cls(self.req_to_token_pool, self.allocator, page)
-        self.runner = ModelRunner(self.model, self.backend, self.kv_pool,
-                                  self.req_to_token_pool, self.context_len, self.device)
-        self.scheduler = Scheduler(
-            cfg, self.runner, self.req_to_token_pool, self.allocator, self.tree_cache,
-            self.hook_pm.hook, self.tokenizer.eos_token_ids, self.tokenizer.decode,
+        cache_entry = registries.cache.get(cfg.cache)
+        self.kv = KVManager(
+            rows=rows, allocator=allocator, cache=cache_entry.load()(rows, allocator, page),
+            prefix_sharing=cache_entry.capabilities.prefix_sharing,
+            revert_fixes=cfg.revert_fixes,
         )
-        self.scheduler.kv_pools = [self.kv_pool]
+        self.runner = ModelRunner(self.model, self.backend, self.kv_pool, rows,
+                                  self.context_len, self.device)
         self.spec: SpecAlgorithm | None = None
-        if cfg.spec != "none":
-            spec_cls = registries.spec.get(cfg.spec).load()
+        if spec_cls is not None:
             self.spec = spec_cls(
                 SpecContext(
                     config=cfg, target=self.model, arch=arch, backend=self.backend,
-                    target_kv_pool=self.kv_pool, req_to_token_pool=self.req_to_token_pool,
+                    target_kv_pool=self.kv_pool, req_to_token_pool=rows,
                     num_pages=num_pages, dtype=self.dtype, device=self.device,
                     time_s=self.runner.time_s,
                 )
             )
             self.runner.spec = self.spec
-            self.scheduler.spec = self.spec
-            self.scheduler.kv_pools += self.spec.kv_pools
-        self.scheduler.accounted_pools = [
-            AccountedPool("full", self.allocator, self.tree_cache.evictable_size,
-                          self.tree_cache.protected_size)
-        ]
+        self.scheduler = Scheduler(
+            cfg, self.runner, self.kv, self.hook_pm.hook, self.tokenizer.eos_token_ids,
+            self.tokenizer.decode, spec=self.spec,
+        )
         self.hook_pm.hook.plugserve_engine_configured(config=cfg, scheduler=self.scheduler)
         self._rids = itertools.count()
         self._closed = False
@@ -188,7 +192,7 @@ class Engine:
                 return list(self.tokenizer.apply_chat_template([{"role": "user",
                                                                   "content": prompt}]))
             return list(self.tokenizer.encode(prompt))
-        return list(prompt)
+        return token_ids(prompt)  # PromptError (a ValueError) names what is wrong
 
     def _problems(self, ids: list[int], sp: SamplingParams) -> list[str]:
         out = sp.problems(self.arch.vocab_size)
@@ -197,43 +201,61 @@ class Engine:
         elif len(ids) >= self.context_len:
             out.append(f"prompt has {len(ids)} tokens; the context holds {self.context_len}, "
                        "and at least one must be left to generate")
-        bad = [t for t in ids if not 0 <= t < self.arch.vocab_size]
+        bad = [t for t in ids if not 0 <= t < self.arch.vocab_size]  # ids are ints (_to_ids)
         if bad:
             out.append(f"prompt has token ids outside the vocabulary (0..{self.arch.vocab_size - 1}):"
                        f" {bad[:5]}")
-        need = min(len(ids) + max(sp.max_new_tokens, 1), self.context_len)
-        if self.config.spec != "none":
-            need += reserve_len(self.config)  # a speculative round's slots past the tokens
-        if ids and ceil_align(need, self.config.page_size) > self.allocator.total_slots:
-            out.append(f"request needs up to {need} KV slots but the pool holds "
-                       f"{self.allocator.total_slots}; raise kv_pool_tokens")
+        # A max_new_tokens of the wrong type is reported by sp.problems; count 1 meanwhile.
+        new_tokens = max(sp.max_new_tokens, 1) if is_int(sp.max_new_tokens) else 1
+        need = min(len(ids) + new_tokens, self.context_len)
+        if self.spec_footprint is not None:
+            need += self.spec_footprint.reserve_len  # a speculative round's slots past them
+        total = self.kv.allocator.total_slots
+        if ids and ceil_align(need, self.config.page_size) > total:
+            out.append(f"request needs up to {need} KV slots but the pool holds {total}; "
+                       "raise kv_pool_tokens")
         return out
 
     def submit(
         self, prompt: str | list[int], sampling: SamplingParams | None = None, *, chat: bool = False
     ) -> Req:
-        """Queue one request (rejected requests come back finished with `error` set)."""
+        """Queue one request. A bad request (malformed prompt, invalid sampling parameters)
+        never raises: it comes back finished with reason "error" and `error` set, unqueued.
+        Raises only when the engine itself cannot serve (closed, or stopped by an error)."""
         if self._closed:
             raise RuntimeError("engine is closed")
         if self._failed is not None:
             raise EngineStoppedError(
                 f"the engine stopped serving after an earlier error: {self._failed}"
             )
-        sp = sampling or SamplingParams()
+        sp = SamplingParams() if sampling is None else sampling
         rid = next(self._rids)
-        try:
-            ids = self._to_ids(prompt, chat)
-        except Exception as exc:
-            ids = []
-            problems = [f"could not tokenize the prompt: {exc}"]
+        ids: list[int] = []
+        if not isinstance(sp, SamplingParams):
+            problems = [f"sampling must be a SamplingParams, got {type(sp).__name__}"]
         else:
-            problems = self._problems(ids, sp)
-        req = Req(rid, ids, sp)
+            try:
+                ids = self._to_ids(prompt, chat)
+            except PromptError as exc:
+                problems = [str(exc)]
+            except Exception as exc:
+                problems = [f"could not tokenize the prompt: {exc}"]
+            else:
+                try:
+                    problems = self._problems(ids, sp)
+                except Exception as exc:  # a check that itself failed: reject, never raise
+                    problems = [f"invalid request: {type(exc).__name__}: {exc}"]
         if problems:
+            # Built from default parameters: Req() must not touch the invalid values (a
+            # float seed would raise there); the result still shows the ones given.
+            req = Req(rid, ids, SamplingParams())
+            if isinstance(sp, SamplingParams):
+                req.sampling = sp
             req.finished_reason = "error"
             req.error = "; ".join(problems)
             req.finish_released = True
         else:
+            req = Req(rid, ids, sp)
             self.scheduler.add_request(req)
         return req
 
@@ -250,7 +272,16 @@ class Engine:
         if isinstance(prompts, str):
             prompts = [prompts]
         params = self._per_prompt(sampling, len(prompts))
-        reqs = [self.submit(p, sp, chat=chat) for p, sp in zip(prompts, params, strict=True)]
+        # A bad request comes back from submit finished with an error; should submit raise
+        # anyway (engine closed or stopped), nothing of this call stays queued.
+        reqs: list[Req] = []
+        try:
+            for p, sp in zip(prompts, params, strict=True):
+                reqs.append(self.submit(p, sp, chat=chat))
+        except BaseException:
+            for r in reqs:
+                self.abort(r)
+            raise
         with self._stop_on_error():
             self.scheduler.run_until_idle()
         return [self._result(i, r) for i, r in enumerate(reqs)]
@@ -262,32 +293,52 @@ class Engine:
         *,
         chat: bool = False,
     ) -> Iterator[StreamEvent]:
-        """Yield new tokens per request as steps produce them; a final event per request."""
+        """Yield new tokens per request as steps produce them. Every request of the call gets
+        exactly one final event (finished=True, `result` set), however it ended: finished,
+        aborted while waiting or while running, or rejected at submit."""
         if isinstance(prompts, str):
             prompts = [prompts]
         params = self._per_prompt(sampling, len(prompts))
-        reqs = [self.submit(p, sp, chat=chat) for p, sp in zip(prompts, params, strict=True)]
+        reqs: list[Req] = []
+        try:  # as in generate: a failed call leaves nothing queued
+            for p, sp in zip(prompts, params, strict=True):
+                reqs.append(self.submit(p, sp, chat=chat))
+        except BaseException:
+            for r in reqs:
+                self.abort(r)
+            raise
         sent = [0] * len(reqs)
         done = [False] * len(reqs)
         sched = self.scheduler
+
+        def event(i: int, req: Req, final: bool) -> StreamEvent:
+            new = req.output_ids[sent[i] :]
+            sent[i] += len(new)
+            done[i] = final
+            return StreamEvent(i, new, self.tokenizer.decode(new), final,
+                               self._result(i, req) if final else None)
+
         while True:
             with self._stop_on_error():
                 progressed = sched.step()
             for i, req in enumerate(reqs):
                 if done[i]:
                     continue
-                n = len(req.output_ids)
-                finished = req.finished() and (req.finish_released or req.error is not None)
-                if n > sent[i] or finished:
-                    new = req.output_ids[sent[i] : n]
-                    sent[i] = n
-                    done[i] = finished
-                    yield StreamEvent(i, new, self.tokenizer.decode(new), finished,
-                                      self._result(i, req) if finished else None)
+                # Final once its KV is released, or when it never held any: rejected at
+                # submit, or aborted while waiting (no row, nothing to release).
+                final = req.finished() and (
+                    req.finish_released or req.error is not None or req.req_pool_idx is None
+                )
+                if len(req.output_ids) > sent[i] or final:
+                    yield event(i, req, final)
             if not progressed and sched.is_idle():
                 with self._stop_on_error():
                     sched.settle_idle()
                 break
+        # The scheduler is idle: whatever is left has ended, with or without a release seen.
+        for i, req in enumerate(reqs):
+            if not done[i]:
+                yield event(i, req, True)
 
     @contextlib.contextmanager
     def _stop_on_error(self) -> Iterator[None]:
@@ -307,6 +358,9 @@ class Engine:
             return [SamplingParams()] * n
         if isinstance(sampling, SamplingParams):
             return [sampling] * n
+        if not isinstance(sampling, Sequence):
+            raise TypeError("sampling must be a SamplingParams, a sequence of them (one per "
+                            f"prompt) or None, got {type(sampling).__name__}")
         if len(sampling) != n:
             raise ValueError(f"got {len(sampling)} sampling params for {n} prompts")
         return list(sampling)
@@ -314,10 +368,10 @@ class Engine:
     def _result(self, index: int, req: Req) -> GenerateResult:
         ids = list(req.output_ids)
         text = self.tokenizer.decode(ids) if ids else ""
-        stop_str = req.extra.get("stop_str")
+        stop_str = req.stop_str
         if stop_str and stop_str in text:
             text = text[: text.index(stop_str)]
-        stats: dict[str, Any] = {"cached_tokens": int(req.extra.get("cached_tokens", 0)),
+        stats: dict[str, Any] = {"cached_tokens": req.cached_tokens,
                                  "retractions": req.retract_count}
         if req.first_token_s is not None:
             stats["ttft_s"] = req.first_token_s - req.created_s
@@ -343,10 +397,12 @@ class Engine:
         sched = self.scheduler
         out: dict[str, Any] = dict(sched.stats)
         out["step_time_s"] = {**dict(sched.step_time_s), **dict(self.runner.time_s)}
-        out["kv_available_slots"] = self.allocator.available_size()
-        out["kv_total_slots"] = self.allocator.total_slots
-        out["cache_evictable_slots"] = self.tree_cache.evictable_size()
-        out["cache_protected_slots"] = self.tree_cache.protected_size()
+        full = self.kv.full
+        out["kv_available_slots"] = full.allocator.available_size()
+        out["kv_total_slots"] = full.total
+        out["cache_evictable_slots"] = full.evictable_size()
+        out["cache_protected_slots"] = full.protected_size()
+        out["kv_pools"] = {t.pool: vars(t) for t in self.scheduler.kv_terms()}
         for checker in self.checkers:
             if hasattr(checker, "counters"):
                 out.setdefault("checker", {}).update(checker.counters())

@@ -2,47 +2,47 @@
 
 Each toggle names one rule of DESIGN.md whose violation leaked KV or produced wrong tokens.
 Tests turn a toggle on to prove the checker (or an output comparison) catches the old
-behaviour, and off to prove the fix holds. Plugins add their own toggles through the
-`plugserve_register_fix_toggles` hook.
+behaviour, and off to prove the fix holds.
+
+A toggle is declared by the module that owns the fix (`declare_fix_toggle` at import time in
+core; the `plugserve_register_fix_toggles` hook in plugins). The requested toggles are read
+once, at start-up, into `EngineConfig.revert_fixes`; code on hot paths only tests membership
+in that frozenset, never the environment.
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Iterable
 
 ENV_VAR = "PLUGSERVE_REVERT_FIX"
 
-_known: dict[str, str] = {
-    "batch_identity": "count the running batch by ==, not by identity, next to the last batch",
-    "finish_overalloc_unaligned": "free over-allocation from the committed length, "
-    "not from its page boundary",
-    "retract_no_reset": "retract a request without resetting its KV lengths",
-}
+_known: dict[str, str] = {}
 
 
-def register_fix_toggle(name: str, description: str) -> None:
+def declare_fix_toggle(name: str, description: str) -> str:
+    """Declare a toggle (idempotent); returns `name` so the owner can keep it as a constant."""
     _known.setdefault(name, description)
+    return name
 
 
 def known_fix_toggles() -> dict[str, str]:
     return dict(_known)
 
 
-def requested_reverts() -> frozenset[str]:
-    raw = os.environ.get(ENV_VAR, "")
-    return frozenset(part.strip() for part in raw.split(",") if part.strip())
+def parse_reverts(raw: str | Iterable[str] | None) -> frozenset[str]:
+    """`"a, b"` or `["a", "b"]` -> frozenset({"a", "b"}) (blanks dropped)."""
+    if raw is None:
+        return frozenset()
+    parts = raw.split(",") if isinstance(raw, str) else list(raw)
+    return frozenset(part.strip() for part in parts if part.strip())
 
 
-def check_requested_reverts() -> None:
-    """Raise if the environment names a toggle nobody registered (a typo would silently pass)."""
-    unknown = sorted(requested_reverts() - set(_known))
-    if unknown:
-        raise ValueError(
-            f"{ENV_VAR} names unknown fix toggle(s) {', '.join(unknown)}; "
-            f"known: {', '.join(sorted(_known))}"
-        )
-
-
-def reverted(name: str) -> bool:
-    """True when the old (wrong) behaviour of fix `name` is requested."""
-    return name in requested_reverts()
+def unknown_reverts(requested: frozenset[str]) -> list[str]:
+    """Reasons the requested toggles cannot be honoured: a typo would silently pass."""
+    unknown = sorted(requested - set(_known))
+    if not unknown:
+        return []
+    return [
+        f"{ENV_VAR} names unknown fix toggle(s) {', '.join(unknown)}; "
+        f"known: {', '.join(sorted(_known))}"
+    ]

@@ -111,11 +111,3 @@ def plugserve_scheduler_idle(scheduler: Any) -> None:
     Return nothing.
     """
 
-
-@hookspec
-def plugserve_extra_row_width(config: EngineConfig) -> int | None:
-    """Extra `req_to_token` row width (slots) a plugin needs beyond the context length.
-
-    Called once at engine start-up; the core takes the largest answer. A speculative plugin
-    whose decode over-allocates (tree drafting on paged caches) returns its footprint here.
-    """

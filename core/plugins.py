@@ -23,7 +23,7 @@ import pluggy
 
 from plugserve import builtin, hookspecs
 from plugserve.attention.base import BackendCapabilities
-from plugserve.fixes import register_fix_toggle
+from plugserve.fixes import declare_fix_toggle
 from plugserve.registry import (
     ESSENTIAL_PLUGINS,
     CachePolicyCapabilities,
@@ -408,7 +408,7 @@ def _register_entries(host: PluginHost, info: PluginInfo) -> None:
         else:
             registry.add(entry)
     for name, description in staging.fix_toggles:
-        register_fix_toggle(name, description)
+        declare_fix_toggle(name, description)
 
 
 def _call_own_impls(

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from plugserve.config import EngineConfig
 
 # The one place that says which attention backends may run tree drafting (topk>1) on a paged
-# cache (page_size>1): they can express the per-branch holey layout of DESIGN.md §5. A
-# backend's own `page_gt1_topk_gt1` capability is only a claim; this list decides.
+# cache (page_size>1): they can express the per-branch holey layout of DESIGN.md §5. It is not a
+# capability a backend declares; `plugserve plugins` shows it as "page>1+topk>1".
 PAGE_TREE_WHITELIST: tuple[str, ...] = ("torch_native", "triton", "flashinfer", "fa3")
 
 # Built-ins that cannot be disabled with `--plugin no:NAME`: the engine cannot run without them.
@@ -85,12 +85,22 @@ class Entry(Generic[T]):
         return self._loaded
 
     def capabilities_dict(self) -> dict[str, Any]:
+        """The capabilities as shown by `plugserve plugins`; an attention backend's include
+        `"page>1+topk>1"`, which the whitelist decides, right after `"topk>1"`."""
         caps = self.capabilities
         if caps is None:
             return {}
-        if hasattr(caps, "as_dict"):
-            return dict(caps.as_dict())
-        return dict(caps.__dict__)
+        shown = dict(caps.as_dict()) if hasattr(caps, "as_dict") else dict(caps.__dict__)
+        if not isinstance(caps, BackendCapabilities):
+            return shown
+        whitelisted = self.name in PAGE_TREE_WHITELIST
+        out: dict[str, Any] = {}
+        for key, value in shown.items():
+            out[key] = value
+            if key == "topk>1":
+                out["page>1+topk>1"] = whitelisted
+        out.setdefault("page>1+topk>1", whitelisted)
+        return out
 
     def origin(self) -> str:
         """`plugin 'x' (dist 1.0)`: who registered this entry, for error messages."""

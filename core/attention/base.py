@@ -33,14 +33,18 @@ class AttentionLayer:
 
 @dataclass(frozen=True)
 class BackendCapabilities:
-    """What a backend supports, as data: checked by `registry.validate_config`."""
+    """What a backend supports, as data: checked by `registry.validate_config`.
+
+    Given once, when the backend is registered (`register(name, loader, capabilities)`); the
+    backend class carries none. Whether a backend may run page_size>1 with topk>1 is not a
+    capability: `plugserve.registry.PAGE_TREE_WHITELIST` alone decides.
+    """
 
     devices: frozenset[str] = frozenset({"cpu", "cuda"})
     dtypes: frozenset[str] = frozenset({"float32", "bfloat16", "float16"})
     page_sizes: frozenset[int] | None = None  # None = any page size
     custom_mask: bool = True  # speculative verify with a tree mask
     topk_gt1: bool = True  # topk>1 tree drafting at page_size 1
-    page_gt1_topk_gt1: bool = False  # claim only; the registry whitelist decides
     sliding_window: bool = True
     notes: tuple[str, ...] = field(default=())
 
@@ -51,7 +55,6 @@ class BackendCapabilities:
             "page_sizes": "any" if self.page_sizes is None else sorted(self.page_sizes),
             "custom_mask": self.custom_mask,
             "topk>1": self.topk_gt1,
-            "page>1+topk>1": self.page_gt1_topk_gt1,
             "sliding_window": self.sliding_window,
         }
 
@@ -73,7 +76,6 @@ class AttentionContext:
 
 class AttentionBackend(ABC):
     name: ClassVar[str] = "abstract"
-    capabilities: ClassVar[BackendCapabilities] = BackendCapabilities()
 
     def __init__(self, ctx: AttentionContext) -> None:
         self.ctx = ctx

@@ -13,10 +13,11 @@ token this step writes. Before `init_forward_metadata`, the spec plugin puts in
 
 `DraftKVLists.store(fb)` writes the three keys. `build_draft_kv_lists` builds them from
 `req_to_token` and the row positions of each branch's path; `holey_branch_positions` gives
-those positions for the layout of DESIGN.md §5 (each branch owns whole pages after the
-prefix's page-aligned base; with page_size 1 branches simply follow one another), so a spec
-plugin that drafts each branch into its own slots needs nothing else. A plugin that tracks
-true ancestor paths (a branch re-parented after re-ranking) passes those positions instead.
+those positions for the layout of DESIGN.md §5 (`plugserve.spec.layout.HoleyLayout`: each
+branch owns whole pages after the prefix's page-aligned base; with page_size 1 branches simply
+follow one another), so a spec plugin that drafts each branch into its own slots needs nothing
+else. A plugin that tracks true ancestor paths (a branch re-parented after re-ranking) passes
+those positions instead.
 
 When the three keys are present they win, for any topk (topk 1 too). Without them a decode
 batch must have one query per request and reads `req_to_token[row, :seq_len]`. Backends size
@@ -32,7 +33,7 @@ from itertools import accumulate
 import torch
 
 from plugserve.runner.forward_batch import ForwardBatch
-from plugserve.spec.alloc import pages_per_branch
+from plugserve.spec.layout import HoleyLayout
 
 
 def indptr_from_lengths(lengths: list[int]) -> list[int]:
@@ -94,23 +95,12 @@ def holey_branch_positions(
 ) -> torch.Tensor:
     """Row positions `[batch, topk, step + 1]` of each branch's draft tokens 0..step.
 
-    With `last = prefix % page` and `base = prefix - last`, branch t owns positions
-    `[base + t*n*page, base + (t+1)*n*page)` and draft step s of branch t sits at
-    `base + t*n*page + last + s` (n = `pages_per_branch`). With page_size 1 this is
-    `prefix + t*num_steps + s`. Branch 0 continues the prefix contiguously.
+    Draft step `s` is 0-based, as in `HoleyLayout`: with `last = prefix % page` and
+    `base = prefix - last`, draft step s of branch t sits at `base + t*stride + last + s`
+    (`stride = HoleyLayout.stride`). With page_size 1 this is `prefix + t*num_steps + s`.
+    Branch 0 continues the prefix contiguously.
     """
-    if not 0 <= step < num_steps:
-        raise ValueError(f"draft step {step} is outside 0..{num_steps - 1}")
-    stride = pages_per_branch(page_size, num_steps) * page_size
-    prefix = torch.tensor(prefix_lens_cpu, dtype=torch.int64)
-    last = prefix % page_size
-    base = prefix - last
-    branch = torch.arange(topk, dtype=torch.int64)
-    steps = torch.arange(step + 1, dtype=torch.int64)
-    return (
-        base[:, None, None] + branch[None, :, None] * stride + last[:, None, None]
-        + steps[None, None, :]
-    )
+    return HoleyLayout(page_size, num_steps, topk).path_positions(prefix_lens_cpu, step)
 
 
 def build_draft_kv_lists(

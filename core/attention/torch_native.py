@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from plugserve.attention.base import AttentionBackend, AttentionLayer, BackendCapabilities
+from plugserve.attention.base import AttentionBackend, AttentionLayer
 from plugserve.attention.draft_kv import DraftKVLists
 from plugserve.model.layers import upcasts_matmul
 from plugserve.runner.forward_batch import ForwardBatch
@@ -35,7 +35,6 @@ class TorchNativeMetadata:
 
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
-    capabilities = BackendCapabilities(page_gt1_topk_gt1=True)
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch

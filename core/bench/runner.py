@@ -34,6 +34,23 @@ class BenchError(RuntimeError):
     """A run whose numbers would not be comparable (a rejected or short request)."""
 
 
+class RequestRejectedError(BenchError):
+    """The engine refused one of the workload's requests (`req.error`, e.g. a prompt longer
+    than the context): the workload does not fit this engine. A user error: the message names
+    the run, the request and the engine's reason."""
+
+    def __init__(self, label: str, index: int, prompt_tokens: int, max_new_tokens: int,
+                 reason: str) -> None:
+        self.label = label
+        self.index = index
+        self.reason = reason
+        where = f"bench run {label!r}: " if label else ""
+        super().__init__(
+            f"{where}request {index} ({prompt_tokens} prompt tokens, max_new_tokens="
+            f"{max_new_tokens}) was rejected by the engine: {reason}"
+        )
+
+
 @dataclass
 class Measured:
     """One timed run: the finished requests and the engine's work during it."""
@@ -145,7 +162,7 @@ class Runner:
     ) -> Measured:
         """Run the requests to completion and time them; each must give all its tokens."""
         if cold_cache:
-            engine.tree_cache.reset()  # start from an empty prefix cache (the engine is idle)
+            engine.kv.cache.reset()  # start from an empty prefix cache (the engine is idle)
         before = engine.stats()
         progress = self._progress
         task = progress.add_task(label, total=len(prompts)) if progress is not None else None
@@ -155,7 +172,8 @@ class Runner:
                 progress.advance(task)
 
         start = time.perf_counter()
-        reqs = drive(engine, prompts, params, chat=chat, concurrency=concurrency, on_done=advance)
+        reqs = drive(engine, prompts, params, chat=chat, concurrency=concurrency, on_done=advance,
+                     label=label)
         seconds = time.perf_counter() - start
         after = engine.stats()
         if progress is not None and task is not None:
@@ -194,9 +212,12 @@ def drive(
     chat: bool = False,
     concurrency: int | None = None,
     on_done: Callable[[], None] | None = None,
+    label: str = "",
 ) -> list[Req]:
     """Submit the requests (keeping at most `concurrency` unfinished) and step the scheduler
-    until every one is finished and the engine is idle; `on_done` runs per finished request."""
+    until every one is finished and the engine is idle; `on_done` runs per finished request.
+
+    A request the engine rejects raises `RequestRejectedError` (naming the run `label`)."""
     if len(prompts) != len(params):
         raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
     sched = engine.scheduler
@@ -210,7 +231,8 @@ def drive(
             i = queue.popleft()
             req = engine.submit(prompts[i], params[i], chat=chat)
             if req.error is not None:
-                raise BenchError(f"request {i} was rejected: {req.error}")
+                raise RequestRejectedError(label, i, len(req.origin_input_ids),
+                                           params[i].max_new_tokens, req.error)
             reqs[i] = req
             live.append(req)
 

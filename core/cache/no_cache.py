@@ -12,8 +12,6 @@ _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
 class NoCache(PrefixCache):
-    shares_prefixes = False
-
     def match_prefix(self, token_ids: list[int]) -> MatchResult:
         return MatchResult(_EMPTY, None)
 

@@ -46,6 +46,11 @@ class StepOutput:
     future_refs: list[int]
     spec_tokens: list[list[int]] | None = None  # speculative round: tokens per request
     spec_logprobs: list[list[float]] | None = None
+    # Per request in the batch: None = fine, else why no token was sampled for it (its logits
+    # or probabilities were unusable; next_token_ids holds a placeholder id there). The
+    # scheduler finishes such a request with reason "error" and this message. None (the
+    # field) = no request of the step failed.
+    errors: list[str | None] | None = None
 
 
 class ModelRunner:
@@ -143,13 +148,20 @@ class ModelRunner:
         t2 = time.perf_counter()
         next_ids = [-1] * len(step.reqs)
         logprobs_all: list[float] | None = None
+        errors: list[str | None] | None = None
         if step.sample_rows:
-            ids, logprobs = sample(out.logits, step.params, step.generators, step.want_logprobs)
-            for row, token in zip(step.sample_rows, ids, strict=True):
+            sampled = sample(out.logits, step.params, step.generators, step.want_logprobs)
+            logprobs = sampled.logprobs
+            if sampled.any_error:
+                errors = [None] * len(step.reqs)
+                for row, err in zip(step.sample_rows, sampled.errors, strict=True):
+                    errors[row] = err
+            for row, token in zip(step.sample_rows, sampled.ids, strict=True):
                 next_ids[row] = token
             refs = torch.tensor([step.future_refs[r] for r in step.sample_rows], dtype=torch.int64)
-            self.future_tokens[refs.to(self.device)] = torch.tensor(ids, dtype=torch.int64,
-                                                                    device=self.device)
+            self.future_tokens[refs.to(self.device)] = torch.tensor(
+                sampled.ids, dtype=torch.int64, device=self.device
+            )
             if logprobs is not None:
                 logprobs_all = [0.0] * len(step.reqs)
                 for row, lp in zip(step.sample_rows, logprobs, strict=True):
@@ -162,7 +174,7 @@ class ModelRunner:
         self.time_s["metadata"] += t1 - t0
         self.time_s["forward"] += t2 - t1
         self.time_s["sample"] += t3 - t2
-        return StepOutput(next_ids, logprobs_all, step.future_refs)
+        return StepOutput(next_ids, logprobs_all, step.future_refs, errors=errors)
 
 
 def _shifted_token_ids(batch: ScheduleBatch) -> list[int]:

@@ -1,8 +1,8 @@
 """ScheduleBatch: the requests of one step and the token layout the runner turns into a
 ForwardBatch.
 
-It is a plain dataclass, so `==` compares field by field (tensors included); the scheduler
-and the checker compare batches by identity (`is`), never by equality.
+Batches are compared by identity only (`eq=False`): the checker counts the running batch next
+to the last batch only when it is a different object.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from plugserve.runner.forward_batch import ForwardMode
 from plugserve.sched.req import Req
 
 
-@dataclass
+@dataclass(eq=False)
 class ScheduleBatch:
-    # Rows of the requests at the time the batch was prepared (kept first: it is what a field
-    # by field comparison meets first).
+    # Rows of the requests at the time the batch was prepared.
     req_pool_indices: torch.Tensor
     reqs: list[Req]
     mode: ForwardMode

@@ -1,8 +1,9 @@
 """Prefill adder: picks waiting requests (and the chunked one) into one extend batch.
 
-Rules (DESIGN.md §4): a prefill's matched prefix is page-aligned and locked; committed =
-allocated = prefix + extend; a request too long for the token budget is chunked at a page
-boundary, and between chunks its aligned prefix is cached as unfinished.
+Rules (DESIGN.md §4, applied by the KV manager): a prefill's matched prefix is page-aligned
+and locked; committed = allocated = prefix + extend; a request too long for the token budget
+is chunked at a page boundary, and between chunks its aligned prefix is cached as unfinished.
+Every prefill, a continuing chunk too, leaves room for each running request's next decode.
 """
 
 from __future__ import annotations
@@ -20,76 +21,12 @@ if TYPE_CHECKING:
     from plugserve.sched.scheduler import Scheduler
 
 
-def _last_slot(sched: Scheduler, req: Req) -> int:
-    if req.kv_allocated_len == 0:
-        return -1
-    assert req.req_pool_idx is not None
-    return int(sched.req_to_token_pool.req_to_token[req.req_pool_idx, req.kv_allocated_len - 1])
-
-
-def _ensure_pages(sched: Scheduler, num_pages: int) -> bool:
-    """Make `num_pages` free pages, evicting unlocked cache entries if needed."""
-    page = sched.page_size
-    short = num_pages * page - sched.allocator.available_size()
-    if short > 0:
-        sched.tree_cache.evict(short)
-    return sched.allocator.available_size() >= num_pages * page
-
-
-def _extend(sched: Scheduler, req: Req, extend_len: int) -> list[int] | None:
-    """Allocate slots for `extend_len` new tokens after the request's committed KV."""
-    old = req.kv_allocated_len
-    need = sched.allocator.pages_needed(old, old + extend_len)
-    if not _ensure_pages(sched, need):
-        return None
-    slots = sched.allocator.extend_slots(_last_slot(sched, req), old, old + extend_len)
-    assert slots is not None
-    assert req.req_pool_idx is not None
-    sched.req_to_token_pool.write(req.req_pool_idx, old, slots)
-    req.kv_allocated_len = old + extend_len
-    req.kv_committed_len = old + extend_len
-    return slots
-
-
-def _admit(sched: Scheduler, req: Req) -> bool:
-    """Give a waiting request a row and its cached prefix. False if no row is free."""
-    if req.kv_allocated_len or req.req_pool_idx is not None:
-        raise RuntimeError(
-            f"request {req.rid} enters prefill still holding KV state (row {req.req_pool_idx}, "
-            f"committed {req.kv_committed_len}, allocated {req.kv_allocated_len}); a retract "
-            "must reset its lengths"
-        )
-    row = sched.req_to_token_pool.alloc()
-    if row is None:
-        return False
-    fill = req.all_ids
-    match = sched.tree_cache.match_prefix(fill[:-1])
-    req.req_pool_idx = row
-    req.is_retracted = False
-    req.prefix_slots = match.slots
-    req.last_node = match.node
-    sched.tree_cache.inc_lock_ref(match.node)
-    if match.length:
-        sched.req_to_token_pool.write(row, 0, match.slots)
-    req.cache_protected_len = match.length
-    req.kv_committed_len = req.kv_allocated_len = match.length
-    return True
-
-
-def _decode_pages_per_req(sched: Scheduler) -> int:
-    if sched.spec is None:
+def decode_pages_per_req(sched: Scheduler) -> int:
+    """Pages one running request may take in its next decode step: one page, or a
+    speculative round's whole reserve."""
+    if sched.spec_kv is None:
         return 1
-    from plugserve.spec.alloc import reserve_len
-
-    return -(-reserve_len(sched.config) // sched.page_size) + 1
-
-
-def _unadmit(sched: Scheduler, req: Req) -> None:
-    """Undo `_admit` for a request that got no memory this step (nothing else was taken)."""
-    assert req.req_pool_idx is not None
-    sched.tree_cache.dec_lock_ref(req.last_node)
-    sched.req_to_token_pool.free(req.req_pool_idx)
-    req.reset_for_retract()
+    return -(-sched.spec_kv.reserve_len // sched.page_size) + 1
 
 
 def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
@@ -99,8 +36,10 @@ def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
     chunking = cfg.chunked_prefill_size > 0
     batch = ScheduleBatch(torch.empty(0, dtype=torch.int64), [], ForwardMode.EXTEND)
 
+    kv = sched.kv
+
     def add(req: Req, prefix_len: int, extend_len: int, final: bool) -> bool:
-        slots = _extend(sched, req, extend_len)
+        slots = kv.extend(req, extend_len)
         if slots is None:
             return False
         fill = req.all_ids
@@ -116,13 +55,18 @@ def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
 
     # Prompts this batch computes, so no other request computes the same long prefix.
     in_batch = _InBatchPrefixes(page)
-    # A chunked request continues first.
+    running = len(sched.running_batch.reqs)
+    # A chunked request continues first, keeping room for every running request's next
+    # decode step: a long prompt must not push running decodes into retract.
     if sched.chunked_req is not None:
         req = sched.chunked_req
         prefix_len = req.kv_committed_len
         remaining = req.seq_len - prefix_len
         take = remaining if remaining <= budget else floor_align(budget, page)
-        if take > 0 and add(req, prefix_len, take, final=take == remaining):
+        need = kv.pages_to_grow(req, req.kv_allocated_len + take)
+        if take > 0 and kv.ensure_free_pages(need + running * decode_pages_per_req(sched)):
+            ok = add(req, prefix_len, take, final=take == remaining)
+            assert ok
             in_batch.add(req, prefix_len)
             budget -= take
             if take == remaining:
@@ -133,17 +77,19 @@ def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
             if sched.chunked_req is not None:
                 batch.refresh_rows()
                 return batch
+        elif take > 0 and (running or sched.has_inflight):
+            # The decodes (or the forward in flight) run first: they finish and give memory
+            # back, and a request is never retracted while a forward still writes its row.
+            return None
         elif take > 0:
-            # Out of memory mid-prompt: give the chunk's KV back (its cached prefix stays in the
-            # cache) and retry the request from the queue once memory frees up.
-            from plugserve.sched.decode import retract_victim
-
-            retract_victim(sched, req)
+            # Out of memory mid-prompt with nothing else running: give the chunk's KV back
+            # (its cached prefix stays in the cache) and retry from the queue.
+            kv.retract(req)
+            sched.stats["retracted_reqs"] += 1
             sched.chunked_req = None
             sched.waiting.appendleft(req)
             return None
 
-    running = len(sched.running_batch.reqs)
     deferred: list[Req] = []
     while sched.waiting and budget > 0:
         if running + len(batch.reqs) >= cfg.max_running_requests:
@@ -154,13 +100,13 @@ def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
             # and reuse it from the cache instead of computing it twice.
             deferred.append(sched.waiting.popleft())
             continue
-        if not _admit(sched, req):
+        if not kv.admit(req):
             break
         prefix_len = req.kv_committed_len
         remaining = req.seq_len - prefix_len
         # Keep room for every running request's next decode step (one page, or a
         # speculative round's whole reserve).
-        reserve_pages = (running + len(batch.reqs)) * _decode_pages_per_req(sched)
+        reserve_pages = (running + len(batch.reqs)) * decode_pages_per_req(sched)
         if remaining <= budget:
             take, final = remaining, True
         elif chunking:
@@ -168,12 +114,11 @@ def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
         else:
             take, final = remaining, True  # no chunking: a long prompt goes alone
             if batch.reqs:
-                _unadmit(sched, req)
+                kv.unadmit(req)
                 break
-        need_pages = sched.allocator.pages_needed(req.kv_allocated_len,
-                                                  req.kv_allocated_len + take)
-        if take <= 0 or not _ensure_pages(sched, need_pages + reserve_pages):
-            _unadmit(sched, req)
+        need_pages = kv.pages_to_grow(req, req.kv_allocated_len + take)
+        if take <= 0 or not kv.ensure_free_pages(need_pages + reserve_pages):
+            kv.unadmit(req)
             break
         sched.waiting.popleft()
         ok = add(req, prefix_len, take, final)

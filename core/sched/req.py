@@ -27,8 +27,11 @@ class Req:
         self.kv_committed_len = 0  # positions holding valid KV
         self.kv_allocated_len = 0  # slots reserved in the row (>= committed)
         self.cache_protected_len = 0  # page-aligned prefix owned and locked by the cache
+        # Set by the two halves of a release (committed KV, then over-allocation); they must
+        # agree whenever a step ends (the checker's seed rule).
         self.kv_committed_freed = False
         self.kv_overallocated_freed = False
+        self.cached_tokens = 0  # prompt tokens found in the prefix cache at first admission
 
         # Scheduling.
         self.extend_input_len = 0  # new tokens in the current extend
@@ -38,7 +41,16 @@ class Req:
         self.finished_reason: str | None = None
         self.error: str | None = None
         self.finish_released = False  # KV released (finish or abort)
-        self.stop_str_trim: int | None = None
+        self.stop_str: str | None = None  # the stop string that ended it (trimmed from text)
+        # Forwards launched for this request whose results are not processed yet; its KV is
+        # released only when none is left (the overlap loop may still be writing it).
+        self.pending_forwards = 0
+        # Overlap loop: the future-buffer entry its in-flight forward samples into (its next
+        # decode reads the token from there); None once the token is known.
+        self.future_ref: int | None = None
+        # Overlap loop + speculation: rounds whose bonus slot was pre-claimed (committed += 1)
+        # and that have not resolved yet.
+        self.spec_preclaims = 0
 
         # Results and stats.
         self.output_logprobs: list[float] = []
@@ -52,7 +64,6 @@ class Req:
         # A speculative algorithm's progress for this request, touched only on the forward
         # thread (see plugserve.spec.base).
         self.spec_state: Any = None
-        self.extra: dict[str, Any] = {}
 
     @property
     def all_ids(self) -> list[int]:
@@ -77,7 +88,7 @@ class Req:
         self.kv_overallocated_freed = False
         self.extend_input_len = 0
         self.is_chunked = 0
-        self.extra.pop("spec_preclaims", None)
+        self.spec_preclaims = 0
 
     def __repr__(self) -> str:
         return (

@@ -4,6 +4,8 @@ Normal loop, one step: build the next batch, run it, process its results, call t
 after-step hook. Overlap loop, one step: build batch N+1 while batch N runs on the worker
 thread, then process N's results; the inputs of N+1 that N produces are *future* tokens the
 runner resolves on the worker thread, which runs batches in order.
+
+The scheduler decides *who* runs; the KV manager (`self.kv`) decides what memory that takes.
 """
 
 from __future__ import annotations
@@ -12,29 +14,33 @@ import collections
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from plugserve.cache.base import PrefixCache
 from plugserve.config import EngineConfig
-from plugserve.mem.accounting import AccountedPool
-from plugserve.mem.allocator import PagedAllocator
-from plugserve.mem.req_to_token import ReqToTokenPool
+from plugserve.fixes import declare_fix_toggle
+from plugserve.mem.accounting import PoolTerms
+from plugserve.mem.manager import KVManager
+from plugserve.mem.spec_accounting import SpecAccounting
 from plugserve.runner.forward_batch import ForwardMode
 from plugserve.sched.batch import ScheduleBatch
 from plugserve.sched.decode import append_decode, make_room_for_decode, prepare_decode
 from plugserve.sched.prefill import build_prefill_batch
 from plugserve.sched.req import Req
-from plugserve.sched.spec_decode import (
-    forget_round,
-    prepare_spec_decode,
-    resolve_committed,
-    settle_finished,
-)
-from plugserve.sched.stop import check_stop
+from plugserve.sched.results import process_result, release_when_done
+from plugserve.sched.spec_decode import prepare_spec_decode
 
 if TYPE_CHECKING:
     from plugserve.runner.model_runner import ModelRunner, PreparedStep, StepOutput
     from plugserve.spec.base import SpecAlgorithm
+
+BATCH_IDENTITY = declare_fix_toggle(
+    "batch_identity", "count the running batch by ==, not by identity, next to the last batch"
+)
+
+
+class SchedulerStuckError(RuntimeError):
+    """Requests wait but none can ever be admitted: memory was lost (a leaked lock?)."""
 
 
 class Scheduler:
@@ -42,18 +48,15 @@ class Scheduler:
         self,
         config: EngineConfig,
         runner: ModelRunner,
-        req_to_token_pool: ReqToTokenPool,
-        allocator: PagedAllocator,
-        tree_cache: PrefixCache,
+        kv: KVManager,
         hook: Any,
         eos_token_ids: frozenset[int],
         decode_text: Any,
+        spec: SpecAlgorithm | None = None,
     ) -> None:
         self.config = config
         self.runner = runner
-        self.req_to_token_pool = req_to_token_pool
-        self.allocator = allocator
-        self.tree_cache = tree_cache
+        self.kv = kv
         self.hook = hook
         self.page_size = config.page_size
         self.eos_token_ids = eos_token_ids
@@ -65,31 +68,38 @@ class Scheduler:
         self.overlap = config.overlap
         self._worker = ThreadPoolExecutor(1, "plugserve-forward") if self.overlap else None
         self._inflight: tuple[ScheduleBatch, PreparedStep, Future[StepOutput]] | None = None
+        self._resolved_early: ScheduleBatch | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self.step_time_s: collections.defaultdict[str, float] = collections.defaultdict(float)
         self.finished_reqs: list[Req] = []  # filled each step, drained by the engine
-        self.kv_pools: list[Any] = []  # every KV pool, for checkers
-        self.accounted_pools: list[AccountedPool] = []  # set by the engine
-        self.spec: SpecAlgorithm | None = None  # set by the engine when speculation is on
+        self.spec = spec
+        self.spec_kv = (
+            SpecAccounting(kv, spec.footprint, overlap=config.overlap,
+                           revert_fixes=config.revert_fixes)
+            if spec is not None else None
+        )
+        self._count_batches_by_equality = BATCH_IDENTITY in config.revert_fixes
+        self._steps_without_progress = 0
 
     # --- requests -------------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
         self.waiting.append(req)
 
     def abort(self, rid: int) -> bool:
+        """End a request now; its KV is freed exactly like a finish (once no forward that
+        writes it is in flight)."""
         for req in list(self.waiting):
             if req.rid == rid:
                 self.waiting.remove(req)
                 req.finished_reason = "abort"
+                req.finished_s = time.perf_counter()
                 self.finished_reqs.append(req)
                 return True
         for req in self._live_reqs():
             if req.rid == rid and not req.finished():
-                req.finished_reason = "abort"
-                if self.spec is not None:
-                    settle_finished(req)
-                self._maybe_release(req)
-                self.finished_reqs.append(req)
+                if req is self.chunked_req:
+                    self.chunked_req = None  # no further chunk may run for it
+                self.finish_req(req, "abort", time.perf_counter())
                 return True
         return False
 
@@ -97,14 +107,15 @@ class Scheduler:
         reqs = list(self.running_batch.reqs)
         if self.last_batch is not None:
             reqs += [r for r in self.last_batch.reqs if r not in reqs]
+        if self._inflight is not None:
+            reqs += [r for r in self._inflight[0].reqs if r not in reqs]
         if self.chunked_req is not None and self.chunked_req not in reqs:
             reqs.append(self.chunked_req)
         return reqs
 
     def next_input_token(self, req: Req) -> int:
         """The token a decode feeds: the last output, or a future reference to it (overlap)."""
-        ref = req.extra.get("future_ref")
-        return -(ref + 1) if ref is not None else req.output_ids[-1]
+        return -(req.future_ref + 1) if req.future_ref is not None else req.output_ids[-1]
 
     def is_idle(self) -> bool:
         return (
@@ -113,6 +124,37 @@ class Scheduler:
             and self.chunked_req is None
             and self._inflight is None
         )
+
+    # --- what the checker counts ----------------------------------------------------------
+    def counted_batches(self) -> list[ScheduleBatch]:
+        """The last batch, and the running batch when it is a *different object* and
+        non-empty (a mixed batch took the decodes over: nothing is counted twice)."""
+        last, running = self.last_batch, self.running_batch
+        out = [last] if last is not None else []
+        if running.is_empty():
+            return out
+        if self._count_batches_by_equality:
+            separate = last is None or _fields_differ(running, last)
+        else:
+            separate = running is not last
+        if separate:
+            out.append(running)
+        return out
+
+    def counted_reqs(self) -> list[Req]:
+        """Requests that own KV right now: those of the counted batches that still hold a
+        row, and a chunked prefill whose next chunk waits for memory (in no batch)."""
+        reqs = [r for b in self.counted_batches() for r in b.reqs if r.req_pool_idx is not None]
+        chunked = self.chunked_req
+        if chunked is not None and chunked.req_pool_idx is not None and all(
+            r is not chunked for r in reqs
+        ):
+            reqs.append(chunked)
+        return reqs
+
+    def kv_terms(self) -> tuple[PoolTerms, ...]:
+        """Each pool's conservation terms after this step."""
+        return self.kv.terms(self.counted_reqs())
 
     # --- building batches -----------------------------------------------------------------
     def _fold_last_batch(self) -> None:
@@ -129,7 +171,7 @@ class Scheduler:
         prefills = last.reqs[: len(last.reqs) - last.num_decode_reqs]
         for req in prefills:
             if req in keep and req.req_pool_idx is not None:
-                self.tree_cache.cache_unfinished_req(req)
+                self.kv.cache_unfinished(req)
         self.running_batch.filter_finished()
         if self.running_batch.is_empty():
             self.running_batch = ScheduleBatch.empty()
@@ -138,7 +180,7 @@ class Scheduler:
     def get_next_batch(self) -> ScheduleBatch | None:
         self._fold_last_batch()
         if self.chunked_req is not None:
-            self.tree_cache.cache_unfinished_req(self.chunked_req)
+            self.kv.cache_unfinished(self.chunked_req)
         prefill = build_prefill_batch(self)
         self.running_batch.filter_finished()
         if prefill is not None:
@@ -147,9 +189,10 @@ class Scheduler:
             return prefill
         if self.running_batch.is_empty():
             return None
-        retracted = make_room_for_decode(self, self.running_batch)
-        self._requeue(retracted)
-        if self.spec is not None:
+        self._requeue(make_room_for_decode(self, self.running_batch))
+        if self.running_batch.is_empty():
+            return None
+        if self.spec_kv is not None:
             prepare_spec_decode(self, self.running_batch)
         else:
             prepare_decode(self, self.running_batch)
@@ -169,77 +212,32 @@ class Scheduler:
         for req in reversed(retracted):
             self.waiting.appendleft(req)
 
-    # --- results --------------------------------------------------------------------------
-    def _maybe_release(self, req: Req) -> None:
-        """Release a finished request's KV once no forward that writes it is in flight."""
-        if req.finish_released or req.extra.get("pending_forwards", 0) > 0:
-            return
-        if req.req_pool_idx is None:
-            req.finish_released = True
-            return
-        if req is self.chunked_req:
-            self.chunked_req = None
-        self.tree_cache.cache_finished_req(req)
+    @property
+    def has_inflight(self) -> bool:
+        return self._inflight is not None
 
-    def _finish(self, req: Req, reason: str, now: float) -> None:
-        req.finished_reason = reason
-        req.finished_s = now
-        if self.spec is not None:
-            settle_finished(req)
-        self.finished_reqs.append(req)
-        self._maybe_release(req)
-
-    def _emit(self, req: Req, token: int, logprob: float | None, now: float) -> bool:
-        """Append one output token; True when it finished the request."""
-        req.output_ids.append(token)
-        if logprob is not None and req.sampling.logprobs:
-            req.output_logprobs.append(logprob)
-        if req.first_token_s is None:
-            req.first_token_s = now
-        req.token_times_s.append(now)
-        reason = check_stop(req, self.eos_token_ids, self.config_context_len, self.decode_text)
-        if reason is None:
+    def resolve_inflight(self) -> bool:
+        """Overlap loop: wait for the forward in flight and process its results now (memory
+        that finished requests hold is released only then). False if none was in flight."""
+        if self._inflight is None:
             return False
-        self._finish(req, reason, now)
+        batch, step, future = self._inflight
+        self._inflight = None
+        self._process(step, future)
+        self._resolved_early = batch
         return True
 
-    def _process_spec_result(self, step: PreparedStep, out: StepOutput) -> None:
-        """Resolve a speculative round: emit each request's tokens, advance committed."""
-        now = time.perf_counter()
-        assert out.spec_tokens is not None
-        for i, req in enumerate(step.reqs):
-            req.extra["pending_forwards"] = req.extra.get("pending_forwards", 1) - 1
-            if req.finished() or req.is_retracted:
-                forget_round(req)
-                if req.finished():
-                    self._maybe_release(req)
-                continue
-            tokens = out.spec_tokens[i]
-            logprobs = out.spec_logprobs[i] if out.spec_logprobs is not None else None
-            resolve_committed(self, req, len(tokens))
-            req.spec_verify_steps += 1
-            req.spec_accepted_tokens += len(tokens) - 1
-            req.spec_accept_hist[len(tokens)] = req.spec_accept_hist.get(len(tokens), 0) + 1
-            for j, token in enumerate(tokens):
-                if self._emit(req, token, logprobs[j] if logprobs else None, now):
-                    break
-
-    def process_result(self, step: PreparedStep, out: StepOutput) -> None:
-        if out.spec_tokens is not None:
-            self._process_spec_result(step, out)
-            return
-        now = time.perf_counter()
-        for i, req in enumerate(step.reqs):
-            req.extra["pending_forwards"] = req.extra.get("pending_forwards", 1) - 1
-            if req.extra.get("future_ref") == out.future_refs[i]:
-                req.extra["future_ref"] = None
-            if req.finished():  # finished (or aborted) while this forward was in flight
-                self._maybe_release(req)
-                continue
-            if req.is_retracted or not step.sample_mask[i]:
-                continue
-            self._emit(req, out.next_token_ids[i],
-                       out.logprobs[i] if out.logprobs is not None else None, now)
+    # --- results --------------------------------------------------------------------------
+    def finish_req(self, req: Req, reason: str, now: float) -> None:
+        req.finished_reason = reason
+        req.finished_s = now
+        if self.spec_kv is not None:
+            self.spec_kv.settle_finished(req)
+        # A forward in flight may have claimed the slot of a token that never came (an
+        # error, an abort): only KV of real tokens is committed, the rest is over-allocation.
+        req.kv_committed_len = min(req.kv_committed_len, req.seq_len)
+        self.finished_reqs.append(req)
+        release_when_done(self, req)
 
     @property
     def config_context_len(self) -> int:
@@ -249,53 +247,70 @@ class Scheduler:
     def _launch(self, batch: ScheduleBatch) -> tuple[PreparedStep, Future[StepOutput] | StepOutput]:
         refs = self.runner.assign_future_refs(batch)
         for req, ref, sampled in zip(batch.reqs, refs, batch.sample_mask, strict=True):
-            req.extra["pending_forwards"] = req.extra.get("pending_forwards", 0) + 1
+            req.pending_forwards += 1
             if sampled and self.overlap and self.spec is None:
-                req.extra["future_ref"] = ref
+                req.future_ref = ref
         step = self.runner.prepare(batch, refs)
         if self._worker is not None:
             return step, self._worker.submit(self.runner.run, step)
         return step, self.runner.run(step)
 
+    def _process(self, step: PreparedStep, out: StepOutput | Future[StepOutput]) -> None:
+        if isinstance(out, Future):
+            t0 = time.perf_counter()
+            out = out.result()
+            self.step_time_s["wait"] += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        process_result(self, step, out)
+        self.step_time_s["post_process"] += time.perf_counter() - t1
+
     def step(self) -> bool:
         """One scheduler step. Returns False when there was nothing to do."""
         t0 = time.perf_counter()
-        batch = self.get_next_batch()
+        self._resolved_early = None
+        batch = self.get_next_batch()  # may resolve the in-flight batch early (overlap)
         t1 = time.perf_counter()
         self.step_time_s["schedule"] += t1 - t0
-        if self._worker is None:
-            if batch is None:
-                return False
+        previous = self._inflight
+        self._inflight = None
+        if batch is not None:
             step, out = self._launch(batch)
-            assert not isinstance(out, Future)
-            t2 = time.perf_counter()
-            self.process_result(step, out)
-            self.step_time_s["run"] += t2 - t1
-            self.step_time_s["post_process"] += time.perf_counter() - t2
-            self.last_batch = batch
-        else:
-            previous = self._inflight
-            self._inflight = None
-            if batch is not None:
-                step, future = self._launch(batch)
-                assert isinstance(future, Future)
-                self._inflight = (batch, step, future)
-            if previous is not None:
-                _, prev_step, prev_future = previous
-                t2 = time.perf_counter()
-                out = prev_future.result()
-                t3 = time.perf_counter()
-                self.step_time_s["wait"] += t3 - t2
-                self.process_result(prev_step, out)
-                self.step_time_s["post_process"] += time.perf_counter() - t3
-            if batch is None and previous is None:
-                return False
-            self.last_batch = batch if batch is not None else previous[0] if previous else None
+            if isinstance(out, Future):
+                self._inflight = (batch, step, out)
+            else:
+                self.step_time_s["run"] += time.perf_counter() - t1
+                self._process(step, out)
+        if previous is not None:
+            self._process(previous[1], previous[2])
+        done = batch or (previous[0] if previous is not None else self._resolved_early)
+        if done is None:
+            self._check_progress()
+            return False
+        self._steps_without_progress = 0
+        self.last_batch = done
         self.stats["steps"] += 1
         t4 = time.perf_counter()
         self.hook.plugserve_after_step(scheduler=self)
         self.step_time_s["check"] += time.perf_counter() - t4
         return True
+
+    def _check_progress(self) -> None:
+        """Nothing ran although requests wait: one retry (a chunk retracted for memory is
+        re-admitted next step), then a clear error instead of spinning forever."""
+        if not self.waiting or not self.running_batch.is_empty():
+            return
+        self._steps_without_progress += 1
+        if self._steps_without_progress < 2:
+            return
+        allocator, cache = self.kv.allocator, self.kv.cache
+        raise SchedulerStuckError(
+            f"the scheduler cannot make progress: {len(self.waiting)} request(s) wait and none "
+            f"runs, but the first ({self.waiting[0]}) cannot be admitted: "
+            f"{allocator.available_size()} of {allocator.total_slots} KV slots free, "
+            f"{cache.evictable_size()} evictable, {cache.protected_size()} locked by the cache, "
+            f"{self.kv.rows.available_rows()} of {self.kv.rows.num_rows} rows free; slots "
+            "locked while no request runs mean a cache lock was never released"
+        )
 
     def run_until_idle(self, on_step: Any = None) -> None:
         while True:
@@ -315,3 +330,11 @@ class Scheduler:
     def close(self) -> None:
         if self._worker is not None:
             self._worker.shutdown(wait=True)
+
+
+def _fields_differ(a: ScheduleBatch, b: ScheduleBatch) -> bool:
+    """The old, wrong comparison (fix toggle `batch_identity`): field by field, as a plain
+    dataclass `==` did; comparing tensors this way raises or misjudges."""
+    return tuple(getattr(a, f.name) for f in fields(a)) != tuple(
+        getattr(b, f.name) for f in fields(b)
+    )

@@ -26,7 +26,7 @@ def check_stop(
         tail_text = decode_text(req.output_ids[-(longest + 8) :])
         for s in sp.stop:
             if s in tail_text:
-                req.extra["stop_str"] = s
+                req.stop_str = s
                 return "stop"
     if len(req.output_ids) >= sp.max_new_tokens:
         return "length"

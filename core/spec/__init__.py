@@ -1,14 +1,7 @@
-"""Speculative decoding: the protocol a spec plugin implements, and its allocation rules."""
+"""Speculative decoding: the protocol a spec plugin implements and its KV footprint."""
 
 from __future__ import annotations
 
-from plugserve.spec.alloc import alloc_len_per_decode, extra_row_width
-from plugserve.spec.base import SpecAlgorithm, SpecContext, SpecDecodeOutput
+from plugserve.spec.base import SpecAlgorithm, SpecContext, SpecDecodeOutput, SpecFootprint
 
-__all__ = [
-    "SpecAlgorithm",
-    "SpecContext",
-    "SpecDecodeOutput",
-    "alloc_len_per_decode",
-    "extra_row_width",
-]
+__all__ = ["SpecAlgorithm", "SpecContext", "SpecDecodeOutput", "SpecFootprint"]

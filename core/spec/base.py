@@ -1,9 +1,10 @@
 """The speculative algorithm protocol.
 
 A spec plugin registers a `SpecAlgorithm` subclass; the engine builds it once with a
-`SpecContext`. The core keeps all KV *accounting* (which slots a round may use, when they are
-claimed and released, see `plugserve.sched.spec_decode`); the algorithm does the model work on
-the forward thread:
+`SpecContext`. The algorithm states its KV *footprint* (`SpecFootprint`: how many slots one
+round may touch, how many the scheduler keeps reserved, how much wider the request rows must
+be); the core keeps all KV *accounting* from it (when slots are claimed and released, see
+`plugserve.mem.spec_accounting`); the algorithm does the model work on the forward thread:
 
 - `after_extend`: after every target prefill chunk, so the draft catches up on the new
   tokens (and, for a request's last chunk, seeds its first draft from the sampled token);
@@ -26,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from plugserve.config import EngineConfig
-from plugserve.spec.alloc import alloc_len_per_decode
 
 if TYPE_CHECKING:
     from plugserve.attention.base import AttentionBackend
@@ -52,6 +52,23 @@ class SpecContext:
     time_s: dict[str, float] = field(default_factory=dict)  # the runner's timing breakdown
 
 
+@dataclass(frozen=True)
+class SpecFootprint:
+    """The KV slots a speculative algorithm needs past a request's committed length."""
+
+    alloc_len_per_decode: int  # slots one round may touch, counted from where it starts
+    # Slots kept allocated past the committed length before each round. Twice a round: under
+    # the overlap loop the round being prepared starts where the round in flight ends.
+    reserve_len: int
+    extra_row_width: int  # req_to_token row width needed beyond the context length
+
+    @classmethod
+    def for_round(cls, alloc_len_per_decode: int, page_size: int) -> SpecFootprint:
+        """The usual footprint: a 2-round reserve, and rows widened by it plus a page."""
+        reserve = 2 * alloc_len_per_decode
+        return cls(alloc_len_per_decode, reserve, reserve + page_size)
+
+
 @dataclass
 class SpecDecodeOutput:
     """One round's result, per request of the batch (request order)."""
@@ -64,10 +81,14 @@ class SpecAlgorithm(ABC):
     def __init__(self, ctx: SpecContext) -> None:
         self.ctx = ctx
         self.config = ctx.config
+        self.footprint = self.plan_footprint(ctx.config)
 
-    @property
-    def alloc_len_per_decode(self) -> int:
-        return alloc_len_per_decode(self.config)
+    @classmethod
+    @abstractmethod
+    def plan_footprint(cls, config: EngineConfig) -> SpecFootprint:
+        """The footprint for `config`. A classmethod because the engine sizes the request rows
+        from it before the algorithm (which reads those rows) is built; the instance keeps the
+        same answer as `self.footprint`, which the scheduler reads."""
 
     @property
     def kv_pools(self) -> list[KVPool]:

@@ -1,6 +1,7 @@
 """Test kit: a base class for engine tests with the invariant checker on at level 1.
 
-Subclasses declare only their own environment overrides in `env`; they are merged down the
+The invariant checker runs at level 1 with physical page checks. Subclasses declare only
+their own environment overrides in `env`; they are merged down the
 class hierarchy (base first, a subclass wins on the same variable) and applied for each test:
 
     class TestPaged(EngineTest):
@@ -25,7 +26,8 @@ from plugserve.testing.memory import assert_memory_whole
 
 
 class EngineTest:
-    env: ClassVar[dict[str, str]] = {"PLUGSERVE_MEM_CHECK": "1"}
+    # The invariant checker at level 1 with the physical page checks, in every engine test.
+    env: ClassVar[dict[str, str]] = {"PLUGSERVE_MEM_CHECK": "1", "PLUGSERVE_CHECK_PAGES": "1"}
     plugins: ClassVar[tuple[str, ...]] = ()
 
     @classmethod

@@ -8,6 +8,7 @@ The run uses `--mem-check 1`, so plugserve-checker must be installed
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -22,7 +23,6 @@ from plugserve.bench.report import print_report
 from plugserve.bench.throughput import BenchOptions, make_workload
 
 ROOT = Path(__file__).resolve().parents[2]
-
 
 
 def test_default_workload_matches_its_checksum() -> None:
@@ -136,3 +136,72 @@ def test_benchmarks_script_is_a_thin_wrapper() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "--compare" in done.stdout and "--num-seqs" in done.stdout
+
+
+def test_rejected_request_is_a_user_error(cli: Callable[..., Any], tiny_model_dir: Path) -> None:
+    """The workload's first prompt (880 tokens) is longer than the tiny model's context."""
+    work = make_workload(BenchOptions(num_seqs=2, max_input_len=1000, max_output_len=16))
+    assert len(work.prompts[0]) == 880
+    run = cli("bench", "--model", str(tiny_model_dir), "--num-seqs", "2", "--max-input-len",
+              "1000", "--max-output-len", "16", env={"PLUGSERVE_PLUGINS": ""})
+    assert run.exit_code == 1, run.stderr
+    (line,) = run.stderr_lines
+    assert line.startswith(
+        "error: bench run 'plugserve': request 0 (880 prompt tokens, max_new_tokens=16) was "
+        "rejected by the engine: prompt has 880 tokens; the context holds "
+    ), line
+    assert "--debug" not in line and "Error" not in line
+
+
+def plot_cases(tmp: Path) -> dict[str, tuple[Path, str]]:
+    (tmp / "file.txt").write_text("")
+    return {
+        "missing folder": (tmp / "missing" / "p.png",
+                           f"its folder {str(tmp / 'missing')!r} does not exist; create it first"),
+        "a folder": (tmp, f"it is a folder; give a file name such as {tmp / 'bench.png'}"),
+        "under a file": (tmp / "file.txt" / "p.png",
+                         f"{str(tmp / 'file.txt')!r} is not a folder"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing folder", "a folder", "under a file"])
+def test_unwritable_plot_fails_before_any_engine(
+    cli: Callable[..., Any], tmp_path: Path, case: str
+) -> None:
+    path, why = plot_cases(tmp_path)[case]
+    # A missing model would fail when the first engine starts: the plot error comes first.
+    run = cli("bench", "--model", str(tmp_path / "no-model"), "--plot", str(path),
+              env={"PLUGSERVE_PLUGINS": ""})
+    assert run.exit_code == 1, run.stderr
+    assert run.stderr_lines == [f"error: --plot {str(path)!r} cannot be written: {why}"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any folder")
+def test_plot_in_a_read_only_folder(cli: Callable[..., Any], tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o500)
+    try:
+        run = cli("bench", "--plot", str(folder / "p.png"), env={"PLUGSERVE_PLUGINS": ""})
+    finally:
+        folder.chmod(0o700)
+    assert run.exit_code == 1
+    assert run.stderr_lines == [f"error: --plot {str(folder / 'p.png')!r} cannot be written: "
+                                f"its folder {str(folder)!r} is not writable"]
+
+
+def test_plot_write_error_after_the_run_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import plugserve.bench.plot
+    from plugserve.cli.bench import write_plot
+    from plugserve.cli.errors import UsageError, describe_error
+
+    def refuse(report: dict[str, Any], path: Any) -> Path:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(plugserve.bench.plot, "write_plot", refuse)
+    with pytest.raises(UsageError) as info:
+        write_plot({}, tmp_path / "p.png")
+    assert describe_error(info.value) == (
+        f"--plot {str(tmp_path / 'p.png')!r} could not be written: Permission denied"
+    )

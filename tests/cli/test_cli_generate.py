@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from plugserve.config import EngineConfig
 from plugserve.engine import Engine
@@ -166,3 +167,19 @@ def test_broken_plugins_are_warnings_and_the_rest_runs(
         "unknown hook plugserve_register_attention_backend (did you mean "
         "plugserve_register_attention_backends?); it is not loaded",
     ]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_a_start_up_error(
+    cli: Callable[..., Any], tiny_model_dir: Path
+) -> None:
+    """`--device cuda` here is refused at start-up (plugserve.device.device_problems, called
+    by the engine), not by an assertion from inside torch."""
+    run = cli("generate", "--device", "cuda", "hi", "--model", str(tiny_model_dir),
+              env={"PLUGSERVE_PLUGINS": ""})
+    assert run.exit_code == 1, run.stderr
+    (line,) = run.stderr_lines
+    assert line.startswith("error: unsupported configuration: "), line
+    assert "device 'cuda' was requested but CUDA is not available" in line, line
+    assert "allowed here: 'cpu'" in line, line
+    assert "--debug" not in line and "AssertionError" not in line, line

@@ -43,6 +43,8 @@ def test_lists_the_good_plugin_with_its_metadata(cli: Callable[..., Any]) -> Non
     assert attention["kind"] == "attention backend"
     assert attention["capabilities"]["devices"] == ["cpu"]
     assert attention["capabilities"]["topk>1"] is True
+    # Not on the whitelist, so not allowed, whatever the plugin declares.
+    assert attention["capabilities"]["page>1+topk>1"] is False
     assert attention["page_tree_whitelisted"] is False
     assert registered["dummy_cache"]["capabilities"]["prefix_sharing"] is False
 
@@ -73,6 +75,7 @@ def test_shows_the_builtins_and_the_whitelist(cli: Callable[..., Any]) -> None:
     }
     torch_native = next(e for e in builtin["registers"] if e["name"] == "torch_native")
     assert torch_native["page_tree_whitelisted"] is True
+    assert torch_native["capabilities"]["page>1+topk>1"] is True
 
 
 def test_allowlist_limits_what_loads(cli: Callable[..., Any]) -> None:

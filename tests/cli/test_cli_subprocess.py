@@ -82,3 +82,15 @@ def test_generate_end_to_end(tiny_model_dir: Path) -> None:
     assert done.returncode == 0, done.stderr
     (result,) = json.loads(done.stdout)["results"]
     assert result["output_tokens"] == 4 and result["error"] is None
+
+
+def test_importing_the_cli_imports_nothing_heavy() -> None:
+    code = (
+        "import sys, plugserve.cli; "
+        "heavy = [m for m in ('torch', 'plugserve.engine', 'plugserve.plugins', "
+        "'plugserve.bench', 'plugserve.config') if m in sys.modules]; "
+        "print(heavy)"
+    )
+    done = run(sys.executable, "-c", code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

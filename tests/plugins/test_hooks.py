@@ -48,7 +48,7 @@ class Recorder:
         self.calls.append("scheduler_idle")
 
 
-def _every_hook_plugin(row_width_calls: list[EngineConfig]) -> SimpleNamespace:
+def _every_hook_plugin() -> SimpleNamespace:
     def attention(register: Any) -> None:
         register(
             "hook_attention", lambda: "attention-class", BackendCapabilities(), description="d"
@@ -66,33 +66,25 @@ def _every_hook_plugin(row_width_calls: list[EngineConfig]) -> SimpleNamespace:
     def toggles(register: Any) -> None:
         register("hook_toggle", "a toggle from the hook test")
 
-    def extra_row_width(config: EngineConfig) -> int:
-        row_width_calls.append(config)
-        return 7
-
     return SimpleNamespace(
         plugserve_register_attention_backends=hookimpl(attention),
         plugserve_register_spec_algorithms=hookimpl(spec),
         plugserve_register_cache_policies=hookimpl(cache),
         plugserve_register_invariant_checkers=hookimpl(checkers),
         plugserve_register_fix_toggles=hookimpl(toggles),
-        plugserve_extra_row_width=hookimpl(extra_row_width),
     )
 
 
 @pytest.fixture
-def every_hook(
-    fake_plugins: Callable[..., None], monkeypatch: pytest.MonkeyPatch
-) -> list[EngineConfig]:
-    """Installs a plugin implementing every hook; returns its extra_row_width call log."""
+def every_hook(fake_plugins: Callable[..., None], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installs a plugin implementing every registration hook."""
     monkeypatch.setattr(fixes, "_known", dict(fixes.known_fix_toggles()))
     monkeypatch.setattr(Recorder, "instances", [])
-    calls: list[EngineConfig] = []
-    fake_plugins(every_hook=_every_hook_plugin(calls))
-    return calls
+    fake_plugins(every_hook=_every_hook_plugin())
 
 
-def test_register_hooks_get_a_registrar(every_hook: list[EngineConfig]) -> None:
+@pytest.mark.usefixtures("every_hook")
+def test_register_hooks_get_a_registrar() -> None:
     regs = get_plugin_host().registries
     attention = regs.attention.get("hook_attention")
     assert (attention.load(), attention.description, attention.plugin) == (
@@ -107,9 +99,8 @@ def test_register_hooks_get_a_registrar(every_hook: list[EngineConfig]) -> None:
     assert fixes.known_fix_toggles()["hook_toggle"] == "a toggle from the hook test"
 
 
-def test_lifecycle_hooks_are_relayed_to_one_engines_observers(
-    every_hook: list[EngineConfig],
-) -> None:
+@pytest.mark.usefixtures("every_hook")
+def test_lifecycle_hooks_are_relayed_to_one_engines_observers() -> None:
     host = get_plugin_host()
     config = EngineConfig()
     mine, other = Recorder(config), Recorder(config)
@@ -118,8 +109,6 @@ def test_lifecycle_hooks_are_relayed_to_one_engines_observers(
     hooks.plugserve_engine_configured(config=config, scheduler=scheduler)
     hooks.plugserve_after_step(scheduler=scheduler)
     hooks.plugserve_scheduler_idle(scheduler=scheduler)
-    assert hooks.plugserve_extra_row_width(config=config) == [7]
-    assert every_hook == [config]
     assert mine.calls == ["engine_configured", "after_step", "scheduler_idle"]
     assert other.calls == []
     host.engine_hooks([other]).hook.plugserve_after_step(scheduler=scheduler)
@@ -139,9 +128,8 @@ def test_observer_with_a_misspelt_hook_is_refused() -> None:
         get_plugin_host(allowlist="").engine_hooks([Typo()])
 
 
-def test_engine_calls_the_lifecycle_hooks(
-    every_hook: list[EngineConfig], tiny_model_dir: Path
-) -> None:
+@pytest.mark.usefixtures("every_hook")
+def test_engine_calls_the_lifecycle_hooks(tiny_model_dir: Path) -> None:
     from plugserve.engine import Engine
     from plugserve.sampling import SamplingParams
 
@@ -149,7 +137,6 @@ def test_engine_calls_the_lifecycle_hooks(
         engine.generate(["hello"], SamplingParams(max_new_tokens=3))
         (recorder,) = Recorder.instances
         assert recorder.config is engine.config
-        assert every_hook and every_hook[0] is engine.config
     assert recorder.calls[0] == "engine_configured"
     assert recorder.calls.count("engine_configured") == 1
     assert recorder.calls.count("after_step") >= 3  # one prefill and decode steps
@@ -165,7 +152,6 @@ HOOK_TESTS: dict[str, Callable[..., None]] = {
     "plugserve_engine_configured": test_engine_calls_the_lifecycle_hooks,
     "plugserve_after_step": test_engine_calls_the_lifecycle_hooks,
     "plugserve_scheduler_idle": test_engine_calls_the_lifecycle_hooks,
-    "plugserve_extra_row_width": test_engine_calls_the_lifecycle_hooks,
 }
 
 

@@ -125,11 +125,24 @@ def test_every_reason_is_gathered() -> None:
     ]
 
 
-def test_whitelist_decides_page_gt1_with_topk_gt1_not_the_claim() -> None:
-    claims = BackendCapabilities(page_gt1_topk_gt1=True)
-    config = EngineConfig(attention="claims", spec="tree_spec", page_size=16, spec_topk=4)
-    reasons = validate_config(config, registries(claims=claims))
+def test_only_the_whitelist_decides_page_gt1_with_topk_gt1() -> None:
+    # Every capability a backend can declare, yet not on the whitelist: refused.
+    capable = BackendCapabilities(topk_gt1=True, custom_mask=True)
+    config = EngineConfig(attention="capable", spec="tree_spec", page_size=16, spec_topk=4)
+    reasons = validate_config(config, registries(capable=capable))
     assert len(reasons) == 1 and "may not run page_size>1" in reasons[0]
+    assert "page>1+topk>1" not in BackendCapabilities().as_dict()
+
+
+def test_listing_shows_page_gt1_with_topk_gt1_from_the_whitelist() -> None:
+    caps = BackendCapabilities()
+    listed = entry("attention backend", "torch_native", caps).capabilities_dict()
+    assert listed["page>1+topk>1"] is True
+    assert list(listed)[list(listed).index("topk>1") + 1] == "page>1+topk>1"
+    assert entry("attention backend", "capable", caps).capabilities_dict()["page>1+topk>1"] is False
+    # Only attention backends have the column.
+    spec = entry("speculative algorithm", "tree_spec", SpecCapabilities()).capabilities_dict()
+    assert "page>1+topk>1" not in spec
 
 
 @pytest.mark.parametrize("backend", ["torch_native", "triton", "flashinfer", "fa3"])

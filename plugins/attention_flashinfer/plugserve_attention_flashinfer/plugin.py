@@ -11,7 +11,6 @@ from plugserve.registry import RegisterAttentionBackend
 CAPABILITIES = BackendCapabilities(
     devices=frozenset({"cuda"}),
     dtypes=frozenset({"bfloat16", "float16"}),
-    page_gt1_topk_gt1=True,
 )
 
 

@@ -15,7 +15,6 @@ import torch
 from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
 from plugserve.attention.draft_kv import DRAFT_KV_KEYS, DraftKVLists
 from plugserve.runner.forward_batch import ForwardBatch
-from plugserve_attention_triton.capabilities import TRITON_CAPABILITIES
 from plugserve_attention_triton.metadata import (
     TritonAttnMetadata,
     build_decode_metadata,
@@ -33,7 +32,6 @@ CPU_MIN_TOKENS_PER_SPLIT = 256
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
-    capabilities = TRITON_CAPABILITIES
 
     def __init__(
         self,

@@ -10,7 +10,6 @@ TRITON_CAPABILITIES = BackendCapabilities(
     page_sizes=None,  # kernels read slot lists, so any page size and any page order
     custom_mask=True,
     topk_gt1=True,
-    page_gt1_topk_gt1=True,
     sliding_window=True,
     notes=(
         "cpu runs the kernels in the Triton interpreter (TRITON_INTERPRET=1, set "

@@ -28,11 +28,11 @@ from plugserve.attention.base import AttentionContext, AttentionLayer  # noqa: E
 from plugserve.attention.draft_kv import (  # noqa: E402
     build_draft_kv_lists,
     holey_branch_positions,
-    pages_per_branch,
 )
 from plugserve.attention.torch_native import TorchNativeBackend  # noqa: E402
 from plugserve.mem.kv_pool import KVPool  # noqa: E402
 from plugserve.runner.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from plugserve.spec.layout import HoleyLayout  # noqa: E402
 from plugserve_attention_triton.backend import TritonAttentionBackend  # noqa: E402
 from plugserve_attention_triton.runtime import interpreter_requested  # noqa: E402
 
@@ -185,8 +185,8 @@ class BatchFactory:
         Returns the batch and the `[batch, topk, step + 1]` row positions of the branch paths.
         Every branch's first page gets a copy of the prefix's tail KV, as the spec plugin does.
         """
-        stride = pages_per_branch(page_size, num_steps) * page_size
-        footprints = [p - p % page_size + topk * stride for p in prefix_lens]
+        layout = HoleyLayout(page_size, num_steps, topk)
+        footprints = [layout.footprint(p) for p in prefix_lens]
         pages_needed = sum(-(-n // page_size) for n in footprints)
         cache = self.cache(batch=len(prefix_lens), row_width=max(footprints) + page_size,
                            num_pages=pages_needed + 2, page_size=page_size,
@@ -196,10 +196,10 @@ class BatchFactory:
         paths = holey_branch_positions(prefix_lens, topk=topk, step=step, num_steps=num_steps,
                                        page_size=page_size)
         for i, prefix in enumerate(prefix_lens):
-            last = prefix % page_size
-            tail = torch.arange(prefix - last, prefix)
-            for t in range(1, topk):
-                copy_to = cache.slots(i, tail + t * stride)
+            base = layout.base(prefix)
+            tail = torch.arange(base, prefix)
+            for start in layout.branch_starts(prefix)[1:]:
+                copy_to = cache.slots(i, tail - base + start)
                 cache.pool.copy_slots(copy_to, cache.slots(i, tail))
         lists = build_draft_kv_lists(cache.req_to_token, cache.rows, prefix_lens, paths)
         out_loc = torch.cat([cache.slots(i, paths[i, :, -1]) for i in range(len(prefix_lens))])

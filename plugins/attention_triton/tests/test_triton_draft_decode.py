@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plugserve.attention.draft_kv import DRAFT_KV_INDICES, DraftKVLists, pages_per_branch
+from plugserve.attention.draft_kv import DRAFT_KV_INDICES, DraftKVLists
 from plugserve.attention.torch_native import TorchNativeBackend
 from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
+from plugserve.spec.layout import pages_per_branch
 from plugserve_attention_triton.reference import reference_attention
 
 HEAD_DIM = 16

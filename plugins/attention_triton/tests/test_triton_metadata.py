@@ -9,9 +9,9 @@ from plugserve.attention.draft_kv import (
     DraftKVLists,
     build_draft_kv_lists,
     holey_branch_positions,
-    pages_per_branch,
 )
 from plugserve.runner.forward_batch import ForwardMode
+from plugserve.spec.layout import pages_per_branch
 from plugserve_attention_triton.metadata import (
     build_decode_metadata,
     build_extend_metadata,

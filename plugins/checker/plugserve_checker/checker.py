@@ -12,18 +12,12 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from plugserve import fixes
 from plugserve.hookspecs import hookimpl
-from plugserve_checker.errors import KVLeakError
+from plugserve.mem.accounting import PoolTerms
+from plugserve_checker.errors import KVAccountingError, KVLeakError
 from plugserve_checker.physical import check_pages
-from plugserve_checker.terms import (
-    PoolTerms,
-    batches_to_count,
-    busy_terms,
-    committed_lag,
-    idle_terms,
-    live_reqs,
-)
+from plugserve_checker.plugin import SPEC_TOPK_BUSY_CHECK_SKIP
+from plugserve_checker.terms import committed_lag, freed_flags_disagree
 
 if TYPE_CHECKING:
     from plugserve.config import EngineConfig
@@ -43,7 +37,11 @@ class KVConservationChecker:
         self.steps_checked = 0
         self.idle_checks = 0
         self.check_time_s = 0.0
-        self.failed: KVLeakError | None = None
+        self.failed: KVAccountingError | None = None
+        # The old behaviour of fix toggle spec_topk_busy_check_skip: no busy check under
+        # tree drafting.
+        self.skip_busy = (config.spec_topk > 1
+                          and SPEC_TOPK_BUSY_CHECK_SKIP in config.revert_fixes)
 
     # --- hooks ----------------------------------------------------------------------------
     @hookimpl
@@ -53,15 +51,13 @@ class KVConservationChecker:
 
     @hookimpl
     def plugserve_after_step(self, scheduler: Any) -> None:
-        if not self.level:
+        if not self.level or self.skip_busy:
             return
-        if scheduler.config.spec_topk > 1 and fixes.reverted("spec_topk_busy_check_skip"):
-            return  # the old behaviour: no busy check under tree drafting
         t0 = time.perf_counter()
-        reqs = live_reqs(batches_to_count(scheduler))
-        terms = tuple(busy_terms(pool, reqs) for pool in scheduler.accounted_pools)
-        self._record(scheduler, "busy", terms)
+        reqs = scheduler.counted_reqs()
+        self._record(scheduler, "busy", scheduler.kv_terms())
         self._check_committed(scheduler, reqs)
+        self._check_freed_flags(scheduler)
         if self.physical:
             check_pages(scheduler, reqs)
         self.steps_checked += 1
@@ -75,16 +71,17 @@ class KVConservationChecker:
     # --- checks ---------------------------------------------------------------------------
     def _idle(self, scheduler: Any, phase: str) -> None:
         t0 = time.perf_counter()
-        terms = tuple(idle_terms(pool) for pool in scheduler.accounted_pools)
+        kv = scheduler.kv
+        terms = kv.terms([])
         self._record(scheduler, phase, terms)
-        rows = scheduler.req_to_token_pool
-        held_rows = sum(pool.session_held_rows() for pool in scheduler.accounted_pools[:1])
-        if rows.available_rows() + held_rows != rows.num_rows:
-            self._fail(
-                scheduler, phase,
-                f"request rows not whole at {phase}: free {rows.available_rows()} + "
-                f"session-held {held_rows} != rows {rows.num_rows}",
-            )
+        locked = [t for t in terms if t.protected]
+        if locked:
+            self._fail(scheduler, phase, "; ".join(
+                f"pool {t.pool!r}: {t.protected} slots still locked by the cache at {phase} "
+                "with no request running (a lock was never released)" for t in locked))
+        rows_problem = kv.rows_problem()
+        if rows_problem is not None:
+            self._fail(scheduler, phase, f"{rows_problem} at {phase}")
         if self.physical:
             check_pages(scheduler, [])
         self.idle_checks += 1
@@ -99,8 +96,19 @@ class KVConservationChecker:
                     f"request {req.rid}: committed {req.kv_committed_len} is off by {lag:+d} "
                     f"from its {req.seq_len} tokens (every token but the last has KV, the last "
                     f"one's is claimed by the forward in flight: "
-                    f"{req.extra.get('pending_forwards', 0)} in flight)",
+                    f"{req.pending_forwards} in flight)",
                 )
+
+    def _check_freed_flags(self, scheduler: Any) -> None:
+        for batch in scheduler.counted_batches():
+            for req in batch.reqs:
+                if freed_flags_disagree(req):
+                    self._fail(
+                        scheduler, "busy",
+                        f"request {req.rid}: committed KV freed={req.kv_committed_freed} but "
+                        f"over-allocation freed={req.kv_overallocated_freed}; a release "
+                        "frees both halves",
+                    )
 
     def _record(self, scheduler: Any, phase: str, terms: tuple[PoolTerms, ...]) -> None:
         step = int(scheduler.stats["steps"])
@@ -122,12 +130,7 @@ class KVConservationChecker:
 
     @staticmethod
     def _line(step: int, phase: str, terms: tuple[PoolTerms, ...]) -> str:
-        parts = [
-            f"{t.pool}: avail={t.available} evict={t.evictable} prot={t.protected} "
-            f"sess={t.session_held} uncached={t.uncached} total={t.total}"
-            for t in terms
-        ]
-        return f"step {step} {phase}: " + " | ".join(parts)
+        return f"step {step} {phase}: " + " | ".join(t.line() for t in terms)
 
     def counters(self) -> dict[str, Any]:
         return {

@@ -9,35 +9,39 @@ from plugserve_checker.errors import KVCorruptionError
 
 
 def check_pages(scheduler: Any, reqs: list[Req]) -> None:
-    pool = scheduler.req_to_token_pool
-    allocator = scheduler.allocator
-    page = allocator.page_size
-    free = allocator.free_pages
-    free_set = set(free)
-    if len(free_set) != len(free):
-        seen: set[int] = set()
-        twice = sorted({p for p in free if p in seen or seen.add(p)})  # type: ignore[func-returns-value]
-        raise KVCorruptionError(f"double free: page(s) {twice[:8]} are in the free list twice")
+    """`reqs` own KV right now (none at idle). Every pool's free list holds each page once;
+    the full pool's pages held by a request or the prefix cache are not free."""
+    kv = scheduler.kv
+    for pool in kv.pools:
+        free = pool.allocator.free_pages
+        if len(set(free)) != len(free):
+            seen: set[int] = set()
+            twice = sorted({p for p in free if p in seen or seen.add(p)})  # type: ignore[func-returns-value]
+            raise KVCorruptionError(
+                f"double free in pool {pool.name!r}: page(s) {twice[:8]} are in the free list "
+                "twice"
+            )
+    rows = kv.rows
+    page = kv.page_size
     owned: dict[int, str] = {}
     for req in reqs:
-        if not 0 <= req.kv_committed_len <= req.kv_allocated_len <= pool.row_width:
+        if not 0 <= req.kv_committed_len <= req.kv_allocated_len <= rows.row_width:
             raise KVCorruptionError(
                 f"request {req.rid}: need 0 <= committed ({req.kv_committed_len}) <= allocated "
-                f"({req.kv_allocated_len}) <= row width ({pool.row_width})"
+                f"({req.kv_allocated_len}) <= row width ({rows.row_width})"
             )
         assert req.req_pool_idx is not None
-        slots = pool.req_to_token[req.req_pool_idx, : req.kv_allocated_len]
+        slots = rows.req_to_token[req.req_pool_idx, : req.kv_allocated_len]
         for p in set((slots // page).tolist()):
             owned.setdefault(p, f"request {req.rid}")
-    cached = getattr(scheduler.tree_cache, "cached_slots", None)
-    if cached is not None:
-        for value in cached():
-            for p in set((value // page).tolist()):
-                owned.setdefault(p, "the prefix cache")
+    for value in kv.cache.cached_slots():
+        for p in set((value // page).tolist()):
+            owned.setdefault(p, "the prefix cache")
+    free_set = set(kv.full.allocator.free_pages)
     used_free = sorted(p for p in owned if p in free_set)
     if used_free:
         p = used_free[0]
         raise KVCorruptionError(
-            f"use after free: page {p} is held by {owned[p]} and also in the free list "
-            f"({len(used_free)} such page(s))"
+            f"use after free: page {p} of pool 'full' is held by {owned[p]} and also in the "
+            f"free list ({len(used_free)} such page(s))"
         )

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from plugserve.hookspecs import hookimpl
-from plugserve.registry import RegisterInvariantChecker
+from plugserve.registry import RegisterFixToggle, RegisterInvariantChecker
+
+SPEC_TOPK_BUSY_CHECK_SKIP = "spec_topk_busy_check_skip"
 
 
 def _load() -> Any:
@@ -21,3 +23,9 @@ def plugserve_register_invariant_checkers(register: RegisterInvariantChecker) ->
         _load,
         description="per-pool KV conservation after every busy step and at idle",
     )
+
+
+@hookimpl
+def plugserve_register_fix_toggles(register: RegisterFixToggle) -> None:
+    register(SPEC_TOPK_BUSY_CHECK_SKIP,
+             "the invariant checker skips its busy-step check when spec_topk > 1")

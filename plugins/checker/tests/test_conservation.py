@@ -61,7 +61,7 @@ class TestEveryTerm(EngineTest):
 
 def _drop_one_page_on_free(engine: Engine, after_frees: int) -> dict[str, int]:
     """Test double: the allocator forgets one page on its `after_frees`-th free."""
-    allocator = engine.allocator
+    allocator = engine.kv.allocator
     original = allocator.free_slots
     seen = {"frees": 0, "dropped_at_step": -1}
 

@@ -60,13 +60,7 @@ def _overallocating_decode(extra_slots: int) -> Any:
         for req in reqs:
             if req.kv_allocated_len > req.kv_committed_len:
                 continue
-            last = int(sched.req_to_token_pool.req_to_token[req.req_pool_idx,
-                                                            req.kv_allocated_len - 1])
-            old = req.kv_allocated_len
-            slots = sched.allocator.extend_slots(last, old, old + extra_slots)
-            assert slots is not None
-            sched.req_to_token_pool.write(req.req_pool_idx, old, slots)
-            req.kv_allocated_len += extra_slots
+            sched.kv.reserve(req, req.kv_allocated_len + extra_slots)
 
     return append_decode
 

@@ -9,7 +9,8 @@ written):
 4. the accepted nodes' target KV moves to row positions L + 1 .. L + accepted (a chain needs
    no move), so the committed KV is contiguous;
 5. the drafter catches up on the accepted tokens, which seeds the next round.
-The scheduler owns the slots (see plugserve.sched.spec_decode); nothing here allocates.
+The core owns the slots (see plugserve.mem.spec_accounting) and reserves what
+`plan_footprint` asks for; nothing here allocates.
 """
 
 from __future__ import annotations
@@ -19,16 +20,20 @@ from typing import Any
 
 import torch
 
+from plugserve.config import EngineConfig
 from plugserve.mem.kv_pool import KVPool
 from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
 from plugserve.runner.model_runner import PreparedStep
-from plugserve.spec.base import SpecAlgorithm, SpecContext, SpecDecodeOutput
+from plugserve.spec.base import SpecAlgorithm, SpecContext, SpecDecodeOutput, SpecFootprint
 from plugserve_spec_eagle.accept import accept_all
 from plugserve_spec_eagle.drafter import CatchUp, Drafter, EagleDrafter
+from plugserve_spec_eagle.footprint import eagle_footprint
 from plugserve_spec_eagle.lanes import LaneLayout
 from plugserve_spec_eagle.state import EagleReqState
 from plugserve_spec_eagle.tree import DraftTree
 from plugserve_spec_eagle.weights import default_head_dir
+
+PREFIX_TAIL_DUPLICATE = "prefix_tail_duplicate"  # fix toggle, registered in plugin.FIX_TOGGLES
 
 
 class EagleAlgorithm(SpecAlgorithm):
@@ -52,7 +57,12 @@ class EagleAlgorithm(SpecAlgorithm):
             device=ctx.device, name="draft",
         )
         return EagleDrafter(head, pool, ctx.req_to_token_pool, ctx.backend, self.layout,
-                            self.num_draft_tokens, ctx.device)
+                            self.num_draft_tokens, ctx.device,
+                            copy_tail=PREFIX_TAIL_DUPLICATE not in self.config.revert_fixes)
+
+    @classmethod
+    def plan_footprint(cls, config: EngineConfig) -> SpecFootprint:
+        return eagle_footprint(config)
 
     @property
     def kv_pools(self) -> list[KVPool]:
@@ -93,8 +103,9 @@ class EagleAlgorithm(SpecAlgorithm):
     def decode(self, step: PreparedStep) -> SpecDecodeOutput:
         t0 = time.perf_counter()
         table = self.ctx.req_to_token_pool.req_to_token
-        row_ids = torch.tensor([r.req_pool_idx if r.req_pool_idx is not None else 0
-                                for r in step.reqs], dtype=torch.int64)
+        # The rows as the batch was prepared: under the overlap loop the scheduler may have
+        # released a request (`req.req_pool_idx` None) while this round was in flight.
+        row_ids = step.forward_batch.req_pool_indices.cpu()
         states: list[EagleReqState] = [r.spec_state for r in step.reqs]
         rows = [table[int(i)] for i in row_ids]
         tree = self.drafter.draft(row_ids, rows, states)

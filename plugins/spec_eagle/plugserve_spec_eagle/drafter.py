@@ -12,12 +12,12 @@ from typing import Any, Protocol
 
 import torch
 
-from plugserve import fixes
 from plugserve.attention.base import AttentionBackend
 from plugserve.mem.kv_pool import KVPool
 from plugserve.mem.req_to_token import ReqToTokenPool
 from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
-from plugserve_spec_eagle.lanes import LaneLayout, copy_prefix_tail, lane_kv_lists, reorder_lanes
+from plugserve.spec.layout import HoleyLayout
+from plugserve_spec_eagle.lanes import copy_prefix_tail, lane_kv_lists, layout_step, reorder_lanes
 from plugserve_spec_eagle.state import EagleReqState
 from plugserve_spec_eagle.tree import DraftCandidates, DraftTree, chain_tree, select_tree
 
@@ -57,11 +57,15 @@ class EagleDrafter:
         pool: KVPool,
         req_to_token_pool: ReqToTokenPool,
         backend: AttentionBackend,
-        layout: LaneLayout,
+        layout: HoleyLayout,
         num_draft_tokens: int,
         device: torch.device,
+        *,
+        copy_tail: bool = True,
     ) -> None:
         self.head = head
+        # False only under fix toggle prefix_tail_duplicate (the old, wrong behaviour).
+        self.copy_tail = copy_tail
         self.pool = pool
         self.req_to_token_pool = req_to_token_pool
         self.backend = backend
@@ -114,7 +118,7 @@ class EagleDrafter:
         batch = len(states)
         lens = [s.verified_len for s in states]
         roots = torch.tensor([s.last_token for s in states], dtype=torch.int64)
-        if k > 1 and not fixes.reverted("prefix_tail_duplicate"):
+        if k > 1 and self.copy_tail:
             for row, length in zip(rows, lens, strict=True):
                 copy_prefix_tail(self.pool, row, layout, length)
         leaf_ids = torch.stack([s.seed_ids for s in states]).cpu()  # type: ignore[misc]
@@ -126,7 +130,8 @@ class EagleDrafter:
         cand_parents = [torch.full((batch, k), -1, dtype=torch.int64)]
         leaf_cand = torch.arange(k).expand(batch, -1)  # candidate id of each lane's leaf
         next_cand = k
-        for step in range(1, layout.num_steps):
+        for forward in range(1, layout.num_steps):
+            step = layout_step(forward)  # the core layout's 0-based draft step
             logits, hidden = self._step(row_ids, rows, lens, step, leaf_ids, leaf_hidden)
             logp = torch.log_softmax(logits.float(), dim=-1).view(batch, k, -1)
             top = torch.topk(logp, k, dim=-1)
@@ -147,8 +152,8 @@ class EagleDrafter:
             )
             if k > 1:
                 for b in range(batch):
-                    reorder_lanes(self.pool, rows[b], layout, lens[b], step,
-                                  parent_lane[b].tolist())
+                    reorder_lanes(self.pool, rows[b], layout, lens[b], steps_done=step + 1,
+                                  parent_lane=parent_lane[b].tolist())
         if k == 1:
             return chain_tree(roots, torch.cat(cand_tokens, dim=1))
         cand = DraftCandidates(torch.cat(cand_tokens, dim=1), torch.cat(cand_scores, dim=1),
@@ -164,10 +169,11 @@ class EagleDrafter:
         leaf_ids: torch.Tensor,
         leaf_hidden: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft forward: every lane's leaf, at draft position L + step - 1."""
+        """One draft forward writing draft step `step` (0-based): every lane's leaf, at token
+        position L + step."""
         layout = self.layout
         k = layout.topk
-        positions = [length + step - 1 for length in lens for _ in range(k)]
+        positions = [length + step for length in lens for _ in range(k)]
         out_loc = torch.cat([
             row[torch.tensor(layout.step_positions(length, step), device=row.device)]
             for row, length in zip(rows, lens, strict=True)
@@ -178,7 +184,7 @@ class EagleDrafter:
             positions=positions,
             out_cache_loc=out_loc,
             req_pool_indices=row_ids.repeat_interleave(k),
-            prefix_lens=[length + step - 1 for length in lens for _ in range(k)],
+            prefix_lens=[length + step for length in lens for _ in range(k)],
             extend_lens=[1] * (len(lens) * k),
             req_to_token=self.req_to_token_pool.req_to_token,
             kv_pool=self.pool,

@@ -1,92 +1,97 @@
-"""Where a round's draft tokens live in a request's row (DESIGN.md §5, the holey layout).
+"""EAGLE's lanes on top of the core holey layout (`plugserve.spec.layout`, DESIGN.md §5).
 
-With `L` the verified length, `last = L % page` and `base = L - last`, branch (lane) t owns
-row positions `[base + t*stride, base + (t+1)*stride)`; the draft token of step s (s >= 1:
-the forwards after the first top-k) sits at `base + t*stride + last + s - 1`. Lane 0 simply
-continues the prefix. A lane reads the prefix's whole pages `[0, base)`, then its own first
-`last + s` positions: for lanes t >= 1 the first `last` of those are a copy of the prefix's
-partial tail page, made before drafting. A backend that reads whole pages through a page
-table sees exactly that; a backend reading per-query slot lists reads the same slots.
+Where each lane (branch) of a round lives in a request's row is the core's `HoleyLayout`:
+with `L` the verified length, `last = L % page` and `base = L - last`, lane t owns row
+positions `[base + t*stride, base + (t+1)*stride)` and draft step s (0-based) of lane t sits
+at `base + t*stride + last + s`; lane 0 simply continues the prefix. What is EAGLE's own is
+here:
+
+- `copy_prefix_tail`: before drafting, lanes t >= 1 get a copy of the prefix's partial tail
+  page in their first `last` positions;
+- `reorder_lanes`: after re-ranking, a lane that continues another lane's path gets that
+  lane's drafts;
+- `lane_kv_lists`: each lane's draft forward reads the prefix's whole pages `[0, base)`, then
+  its own first `last + s + 1` positions (tail copy, drafts of steps 0..s). A backend that
+  reads whole pages through a page table sees exactly that; a backend reading per-query slot
+  lists reads the same slots.
+
+Every function here takes the core's 0-based draft step; `layout_step` converts EAGLE's
+forward numbering to it.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
 from plugserve.attention.draft_kv import DraftKVLists, indptr_from_lengths
 from plugserve.mem.kv_pool import KVPool
-from plugserve.spec.alloc import branch_stride
+from plugserve.spec.layout import HoleyLayout
+
+# The EAGLE algorithm builds `LaneLayout(page_size, num_steps, topk)`: it is the core layout.
+LaneLayout = HoleyLayout
 
 
-@dataclass(frozen=True)
-class LaneLayout:
-    page_size: int
-    num_steps: int
-    topk: int
+def layout_step(forward: int) -> int:
+    """The core layout's draft step (0-based) whose KV EAGLE's draft forward `forward` writes.
 
-    @property
-    def stride(self) -> int:
-        return branch_stride(self.page_size, self.num_steps, self.topk)
-
-    def lane_starts(self, verified_len: int) -> list[int]:
-        base = verified_len - verified_len % self.page_size
-        return [base + t * self.stride for t in range(self.topk)]
-
-    def step_positions(self, verified_len: int, step: int) -> list[int]:
-        """Row position each lane's draft token of `step` (>= 1) is written at."""
-        last = verified_len % self.page_size
-        return [start + last + step - 1 for start in self.lane_starts(verified_len)]
+    The one place EAGLE's step numbering meets the core's. EAGLE counts its draft forwards
+    from 1: catch-up already produced the seed's top-k (the tree's first level), so forward 1
+    feeds those tokens and writes their KV, and forward f writes the KV of the tree's level f.
+    The core layout counts draft steps from 0, so forward f writes draft step f - 1.
+    """
+    if forward < 1:
+        raise ValueError(f"EAGLE draft forwards are numbered from 1, got {forward}")
+    return forward - 1
 
 
 def copy_prefix_tail(
-    pool: KVPool, row: torch.Tensor, layout: LaneLayout, verified_len: int
+    pool: KVPool, row: torch.Tensor, layout: HoleyLayout, verified_len: int
 ) -> None:
     """Give every lane t >= 1 a copy of the prefix's partial tail page (positions
     `[base, L)`) in the first `last` slots of its first page."""
-    last = verified_len % layout.page_size
+    last = layout.tail_len(verified_len)
     if last == 0 or layout.topk == 1:
         return
-    base = verified_len - last
+    base = layout.base(verified_len)
     src = row[base:verified_len]
-    starts = layout.lane_starts(verified_len)[1:]
+    starts = layout.branch_starts(verified_len)[1:]
     dst = torch.cat([row[s : s + last] for s in starts])
     pool.copy_slots(dst, src.repeat(len(starts)))
 
 
 def reorder_lanes(
-    pool: KVPool, row: torch.Tensor, layout: LaneLayout, verified_len: int, steps_done: int,
+    pool: KVPool, row: torch.Tensor, layout: HoleyLayout, verified_len: int, steps_done: int,
     parent_lane: list[int],
 ) -> None:
     """After re-ranking, lane t continues the path of lane `parent_lane[t]`: copy that lane's
-    draft tokens of steps 1..steps_done into lane t."""
+    drafts of draft steps `0..steps_done - 1` into lane t."""
     moved = [t for t, p in enumerate(parent_lane) if p != t]
     if not moved or steps_done == 0:
         return
-    last = verified_len % layout.page_size
-    starts = layout.lane_starts(verified_len)
-    src = torch.cat([row[starts[parent_lane[t]] + last : starts[parent_lane[t]] + last
-                         + steps_done] for t in moved])
-    dst = torch.cat([row[starts[t] + last : starts[t] + last + steps_done] for t in moved])
+
+    def drafts(lane: int) -> torch.Tensor:
+        first = layout.draft_position(verified_len, lane, 0)
+        return row[first : first + steps_done]
+
+    src = torch.cat([drafts(parent_lane[t]) for t in moved])
+    dst = torch.cat([drafts(t) for t in moved])
     pool.copy_slots(dst, src)
 
 
 def lane_kv_lists(
-    rows: list[torch.Tensor], verified_lens: list[int], layout: LaneLayout, step: int
+    rows: list[torch.Tensor], verified_lens: list[int], layout: HoleyLayout, step: int
 ) -> DraftKVLists:
-    """Per-lane KV lists for draft step `step` (>= 1), request-major: the prefix's whole
-    pages, then the lane's first `last + step` positions (its tail copy and its drafts)."""
+    """Per-lane KV lists for the forward that writes draft step `step` (0-based),
+    request-major: the prefix's whole pages, then the lane's first `last + step + 1`
+    positions (its tail copy and its drafts of steps 0..step)."""
     parts: list[torch.Tensor] = []
     lens: list[int] = []
     for row, length in zip(rows, verified_lens, strict=True):
-        last = length % layout.page_size
-        base = length - last
-        prefix = row[:base]
-        for start in layout.lane_starts(length):
+        prefix = row[: layout.base(length)]
+        for lane, start in enumerate(layout.branch_starts(length)):
             parts.append(prefix)
-            parts.append(row[start : start + last + step])
-            lens.append(length + step)
+            parts.append(row[start : layout.draft_position(length, lane, step) + 1])
+            lens.append(length + step + 1)
     device = rows[0].device if rows else torch.device("cpu")
     indices = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=device)
     indptr = torch.tensor(indptr_from_lengths(lens), dtype=torch.int64, device=device)

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import MAX_NEW, NUM_STEPS, PROMPTS
 
+from conftest import MAX_NEW, NUM_STEPS, PROMPTS
 from plugserve.engine import Engine
 from plugserve.mem.kv_pool import KVPool
 from plugserve.runner.sampler import sampling_probs

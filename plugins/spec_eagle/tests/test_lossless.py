@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MAX_NEW, NUM_STEPS, PROMPTS, greedy
 from doubles import OracleDrafter, RandomDrafter
 
+from conftest import MAX_NEW, NUM_STEPS, PROMPTS, greedy
 from plugserve.engine import Engine
 from plugserve.testing import EngineTest
 

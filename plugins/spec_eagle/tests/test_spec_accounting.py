@@ -4,18 +4,31 @@ flight; output stays lossless where it is compared and the pools are whole at id
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import NUM_STEPS, PROMPTS, greedy
 
+from conftest import NUM_STEPS, PROMPTS, greedy
 from plugserve import registry
 from plugserve.engine import Engine, EngineStartError
-from plugserve.sched.spec_decode import check_row_width
 from plugserve.testing import EngineTest
 
 TURN_TOKENS = 48
+
+
+class _Rowless:
+    """A request whose row a retract just cleared; everything else reads through."""
+
+    req_pool_idx = None
+
+    def __init__(self, req: Any) -> None:
+        self._req = req
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._req, name)
+
 USER_TURNS = [[7, 8, 9], [60, 61, 62, 63, 64], [120, 3]]
 
 
@@ -115,8 +128,30 @@ class TestSpecAccounting(EngineTest):
         with self.spec(target_dir, trained_head_dir) as engine:
             req = engine.submit(PROMPTS[0], greedy(4))
             req.kv_committed_len = 10
-            width = engine.req_to_token_pool.row_width
+            width = engine.kv.rows.row_width
             with pytest.raises(RuntimeError, match=rf"needs allocated length {width + 1} but "
                                                    rf"its req_to_token row is only {width}"):
-                check_row_width(engine.scheduler, req, width + 1)
+                engine.kv.check_row_fits(req, width + 1, "the next speculative round")
             engine.abort(req)
+
+    def test_round_reads_the_rows_the_batch_was_prepared_with(
+        self, target_dir: Path, trained_head_dir: Path, reference: list[list[int]],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Under the overlap loop the scheduler may clear `req.req_pool_idx` (a retract)
+        while a round is in flight: the round must use the batch's snapshot of the rows,
+        never the live field (which once sent it to row 0, another request's KV)."""
+        with self.spec(target_dir, trained_head_dir, overlap=True) as engine:
+            spec = engine.spec
+            assert spec is not None
+            decode = spec.decode
+
+            def decode_with_rows_cleared(step: Any) -> Any:
+                # The round sees each request as a retract left it (row cleared); the real
+                # requests stay untouched for the scheduler thread.
+                return decode(dataclasses.replace(step, reqs=[_Rowless(r) for r in step.reqs]))
+
+            monkeypatch.setattr(spec, "decode", decode_with_rows_cleared)
+            out = engine.generate(PROMPTS, greedy())
+            assert [r.token_ids for r in out] == reference
+            self.assert_idle_memory_whole(engine)

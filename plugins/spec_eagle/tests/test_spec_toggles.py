@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import NUM_STEPS, PROMPTS, greedy
 from doubles import OracleDrafter
 
+from conftest import NUM_STEPS, PROMPTS, greedy
 from plugserve.engine import Engine
 from plugserve.testing import EngineTest
 from plugserve_checker.errors import KVAccountingError
@@ -141,10 +141,10 @@ class TestTopkBusyCheck(EngineTest):
             def leaky() -> Any:
                 calls["n"] += 1
                 if taken:
-                    sched.allocator.free_pages.extend(taken)
+                    sched.kv.allocator.free_pages.extend(taken)
                     taken.clear()
                 if calls["n"] == 3:
-                    pages = sched.allocator.alloc_pages(1)
+                    pages = sched.kv.allocator.alloc_pages(1)
                     assert pages is not None
                     taken.extend(pages)
                 return original()

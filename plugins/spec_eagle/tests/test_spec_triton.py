@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import NUM_STEPS
 from doubles import OracleDrafter
 from test_lossless import SpecMatrix
 
+from conftest import NUM_STEPS
 from plugserve.engine import Engine
 from plugserve.sampling import SamplingParams
 

@@ -1,8 +1,8 @@
 """A well-formed test plugin: an attention backend, a cache policy, a speculative algorithm
 and a fix toggle.
 
-`dummy_attention` is the reference backend under another name. It claims topk>1 support,
-even with page_size>1, but is not on the core's whitelist, so that combination is refused.
+`dummy_attention` is the reference backend under another name. It supports topk>1 (at
+page_size 1) but is not on the core's whitelist, so page_size>1 with topk>1 is refused.
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from plugserve.registry import (
     SpecCapabilities,
 )
 
-CAPABILITIES = BackendCapabilities(
-    devices=frozenset({"cpu"}), topk_gt1=True, page_gt1_topk_gt1=True
-)
+CAPABILITIES = BackendCapabilities(devices=frozenset({"cpu"}), topk_gt1=True)
 
 
 def _attention() -> Any:
@@ -30,7 +28,6 @@ def _attention() -> Any:
 
     class DummyAttentionBackend(TorchNativeBackend):
         name = "dummy_attention"
-        capabilities = CAPABILITIES
 
     return DummyAttentionBackend
 

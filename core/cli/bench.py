@@ -1,0 +1,241 @@
+"""`plugserve bench WORKLOAD`: an offline benchmark with serving metrics, tables, a plot.
+
+Every option is checked (workload options, engine configurations of every run, the plot
+file) before the first engine starts, so a mistake costs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from plugserve.cli.bench_options import (
+    bench_workload_options,
+    check_plot_path,
+    refuse_foreign_options,
+)
+from plugserve.cli.errors import UsageError, reported_errors
+from plugserve.cli.logs import stderr_logging
+from plugserve.cli.options import (
+    AttentionOpt,
+    CacheOpt,
+    DebugOpt,
+    DeviceOpt,
+    DraftModelOpt,
+    DtypeOpt,
+    JsonOpt,
+    LogLevelOpt,
+    MemCheckOpt,
+    ModelOpt,
+    PageSizeOpt,
+    PluginOpt,
+    SpecDraftTokensOpt,
+    SpecOpt,
+    SpecStepsOpt,
+    SpecTopkOpt,
+    checked_plugin_host,
+    engine_config,
+    print_json,
+    stderr_console,
+)
+
+
+def bench_command(
+    workload: Annotated[
+        str,
+        typer.Argument(
+            metavar="WORKLOAD",
+            help="throughput (default), shared-prefix or spec.",
+            show_default=False,
+        ),
+    ] = "throughput",
+    model: ModelOpt = None,
+    plugin: PluginOpt = None,
+    attention: AttentionOpt = None,
+    cache: CacheOpt = None,
+    page_size: PageSizeOpt = None,
+    dtype: DtypeOpt = None,
+    device: DeviceOpt = None,
+    mem_check: MemCheckOpt = None,
+    spec: SpecOpt = None,
+    draft_model: DraftModelOpt = None,
+    spec_steps: SpecStepsOpt = None,
+    spec_topk: SpecTopkOpt = None,
+    spec_draft_tokens: SpecDraftTokensOpt = None,
+    num_seqs: Annotated[
+        int | None, typer.Option(help="throughput: requests in the workload (default 64).")
+    ] = None,
+    max_input_len: Annotated[
+        int | None,
+        typer.Option(help="throughput: longest prompt (tokens, >= 16) (default 256)."),
+    ] = None,
+    max_output_len: Annotated[
+        int | None,
+        typer.Option(help="throughput: longest output (tokens, >= 16) (default 256)."),
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="throughput, shared-prefix: workload seed (default 0).")
+    ] = None,
+    groups: Annotated[
+        int | None, typer.Option(help="shared-prefix: groups G (default 8).")
+    ] = None,
+    prompts_per_group: Annotated[
+        int | None, typer.Option(help="shared-prefix: prompts per group P (default 8).")
+    ] = None,
+    prefix_len: Annotated[
+        int | None,
+        typer.Option(help="shared-prefix: shared prefix tokens S (default 512)."),
+    ] = None,
+    question_len: Annotated[
+        int | None, typer.Option(help="shared-prefix: question tokens Q (default 32).")
+    ] = None,
+    output_len: Annotated[
+        int | None,
+        typer.Option(help="shared-prefix: output tokens O (default 32); spec: new tokens "
+                     "N (default 64)."),
+    ] = None,
+    spec_prompts: Annotated[
+        int | None, typer.Option(help="spec: chat prompts used (default 8).")
+    ] = None,
+    compare: Annotated[
+        str | None, typer.Option(help="Also time another implementation: transformers.")
+    ] = None,
+    hf_batch_sizes: Annotated[
+        str, typer.Option(help="Batch sizes tried for transformers; the best counts.")
+    ] = "16,32,64",
+    plot: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE.png", help="Write a bar chart of the main figures."),
+    ] = None,
+    json_out: JsonOpt = False,
+    log_level: LogLevelOpt = "WARNING",
+    debug: DebugOpt = False,
+) -> None:
+    """Offline benchmark of one workload (greedy, EOS ignored), with serving metrics.
+
+    \b
+    throughput     random prompts and output lengths, all at once (64 seqs:
+                   9,536 prompt / 8,224 output tokens)
+    shared-prefix  G groups x P prompts, each a shared S-token prefix + a Q-token
+                   question; run with the radix cache and without
+    spec           chat prompts; plain vs EAGLE chain (3 steps) vs tree (topk 4,
+                   8 tokens), page size 1 and 16, batch 1 and 8; needs a draft
+                   model (--draft-model) unless the engine ships one
+
+    \b
+    Every run reports req/s, input and output tok/s, and
+    TTFT  time to first token: mean, median, p99
+    ITL   gaps between a request's successive tokens: mean, median, p95,
+          p99; tokens of one speculative verify round arrive together,
+          a gap of 0
+    TPOT  (latency - TTFT) / (output tokens - 1) per request: mean
+    step time by phase (schedule, metadata, forward, sample, post-process,
+    check, and draft/verify/accept/draft_extend with speculation).
+    spec adds the acceptance length (tokens per verify round) and target
+    forwards per output token ((1 prefill + verify rounds) / output tokens;
+    1.0 without speculation).
+    """
+
+    with reported_errors(debug):
+        from plugserve.bench.hf import Comparison
+        from plugserve.bench.runner import Runner
+        from plugserve.bench.workloads import get_workload
+        from plugserve.registry import validate_config
+
+        try:
+            chosen = get_workload(workload)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        check_plot_path(plot)
+        engine_values: dict[str, Any] = {
+            "cache": cache,
+            "page_size": page_size,
+            "spec": spec,
+            "spec_steps": spec_steps,
+            "spec_topk": spec_topk,
+            "spec_draft_tokens": spec_draft_tokens,
+        }
+        workload_values: dict[str, Any] = {
+            "num_seqs": num_seqs,
+            "max_input_len": max_input_len,
+            "max_output_len": max_output_len,
+            "seed": seed,
+            "groups": groups,
+            "prompts_per_group": prompts_per_group,
+            "prefix_len": prefix_len,
+            "question_len": question_len,
+            "output_len": output_len,
+            "spec_prompts": spec_prompts,
+        }
+        refuse_foreign_options(chosen.name, chosen.engine_fields_set, engine_values,
+                               workload_values)
+        # The spec workload turns speculation on and off itself: its draft model is a
+        # workload option, not part of the base engine config.
+        spec_draft_model = draft_model if chosen.name == "spec" else None
+        if spec_draft_model is not None:
+            draft_model = None
+        config = engine_config(
+            model=model,
+            attention=attention,
+            dtype=dtype,
+            device=device,
+            mem_check=mem_check,
+            draft_model=draft_model,
+            **engine_values,
+        )
+        with stderr_logging(log_level, config.mem_check):
+            options = plugin or []
+            host = checked_plugin_host(options, config, debug)
+            if compare not in (None, "transformers"):
+                raise UsageError(f"--compare {compare!r} is not supported; allowed: transformers")
+            try:
+                batch_sizes = tuple(
+                    int(part) for part in hf_batch_sizes.split(",") if part.strip()
+                )
+            except ValueError:
+                raise UsageError(
+                    f"--hf-batch-sizes must be comma-separated integers, got {hf_batch_sizes!r}"
+                ) from None
+            try:
+                workload_options = bench_workload_options(chosen.name, workload_values)
+                if spec_draft_model is not None:
+                    workload_options = dataclasses.replace(workload_options,
+                                                           draft_model=spec_draft_model)
+                comparison = Comparison(batch_sizes) if compare == "transformers" else None
+            except ValueError as exc:
+                raise UsageError(f"invalid benchmark options: {exc}") from None
+            for label, derived in chosen.engine_configs(config, workload_options).items():
+                reasons = validate_config(derived, host.registries)
+                if reasons:
+                    raise UsageError(
+                        f"unsupported configuration for {chosen.name} run {label!r}: "
+                        + "; ".join(reasons)
+                    )
+            runner = Runner(config, tuple(options), console=stderr_console(),
+                            show_progress=not json_out)
+            with runner.session():
+                report = chosen.run(runner, workload_options, comparison)
+            if plot is not None:
+                report["plot"] = str(write_plot(report, plot))
+            if json_out:
+                print_json(report)
+            else:
+                from plugserve.bench.report import print_report
+
+                print_report(report)
+                if plot is not None:
+                    typer.echo(f"plot written to {report['plot']}", err=True)
+
+
+def write_plot(report: dict[str, Any], path: Path) -> Path:
+    """The chart of a finished run; a file system error is one line naming the path."""
+    from plugserve.bench.plot import write_plot as draw
+
+    try:
+        return draw(report, path)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UsageError(f"--plot {str(path)!r} could not be written: {reason}") from None

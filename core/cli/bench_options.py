@@ -1,0 +1,88 @@
+"""Checks `plugserve bench` makes before any engine starts: options that do not apply to the
+chosen workload, the workload's options dataclass, and that `--plot` can be written."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from plugserve.cli.errors import UsageError
+
+WORKLOAD_OPTIONS: dict[str, tuple[str, ...]] = {
+    # workload -> its own options (each refused by the others)
+    "throughput": ("num_seqs", "max_input_len", "max_output_len", "seed"),
+    "shared-prefix": (
+        "groups", "prompts_per_group", "prefix_len", "question_len", "output_len", "seed",
+    ),
+    "spec": ("spec_prompts", "output_len"),
+}
+
+
+def refuse_foreign_options(
+    workload: str,
+    engine_fields_set: tuple[str, ...],
+    engine_values: dict[str, Any],
+    workload_values: dict[str, Any],
+) -> None:
+    """Options the chosen workload would ignore or override are errors, not silent no-ops."""
+    flag = "--{}".format
+    overridden = [flag(k.replace("_", "-")) for k in engine_fields_set
+                  if engine_values.get(k) is not None]
+    if overridden:
+        raise UsageError(
+            f"bench {workload} chooses {', '.join(overridden)} itself; leave "
+            f"{'it' if len(overridden) == 1 else 'them'} out"
+        )
+    own = WORKLOAD_OPTIONS[workload]
+    foreign = [flag(k.replace("_", "-")) for k, v in workload_values.items()
+               if v is not None and k not in own]
+    if foreign:
+        raise UsageError(
+            f"{', '.join(foreign)} {'does' if len(foreign) == 1 else 'do'} not apply to bench "
+            f"{workload}; its options: {', '.join(flag(k.replace('_', '-')) for k in own)}"
+        )
+
+
+def bench_workload_options(workload: str, values: dict[str, Any]) -> Any:
+    """The workload's options dataclass from the options given (defaults for the rest)."""
+    from plugserve.bench.shared_prefix import SharedPrefixOptions
+    from plugserve.bench.spec import SpecOptions
+    from plugserve.bench.throughput import ThroughputOptions
+
+    given = {k: v for k, v in values.items() if v is not None}
+    if workload == "throughput":
+        return ThroughputOptions(**given)
+    if workload == "shared-prefix":
+        return SharedPrefixOptions(**given)
+    if "spec_prompts" in given:
+        given["num_prompts"] = given.pop("spec_prompts")
+    return SpecOptions(**given)
+
+
+def plot_path_problem(path: Path) -> str | None:
+    """Why `--plot PATH` could not be written after the run, or None when it can."""
+    if path.is_dir():
+        return "it is a folder; give a file name such as " + str(path / "bench.png")
+    folder = path.parent
+    if not folder.exists():
+        return f"its folder {str(folder)!r} does not exist; create it first"
+    if not folder.is_dir():
+        return f"{str(folder)!r} is not a folder"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "the file exists and is not writable"
+    if not path.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        return f"its folder {str(folder)!r} is not writable"
+    if importlib.util.find_spec("matplotlib") is None:
+        return "drawing it needs matplotlib, which is not installed (pip install matplotlib)"
+    return None
+
+
+def check_plot_path(path: Path | None) -> None:
+    """Refuse a `--plot` file the run could not write, before the run, not after it."""
+    if path is None:
+        return
+    problem = plot_path_problem(path)
+    if problem is not None:
+        raise UsageError(f"--plot {str(path)!r} cannot be written: {problem}")

@@ -1,0 +1,102 @@
+"""Options shared by the commands (typer aliases) and the set-up every engine command does
+before anything heavy loads: the config, the plugins, the console."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from plugserve.cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from plugserve.config import EngineConfig
+    from plugserve.plugins import PluginHost
+
+
+PluginOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--plugin",
+        "-p",
+        metavar="NAME|no:NAME",
+        help="Load plugin NAME even outside PLUGSERVE_PLUGINS, or block it with no:NAME. "
+        "Repeatable.",
+    ),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="HF model folder or .gguf file; the built-in SmolLM2-135M when left out.",
+    ),
+]
+AttentionOpt = Annotated[str | None, typer.Option(help="Attention backend by name.")]
+CacheOpt = Annotated[str | None, typer.Option(help="Prefix-cache policy by name.")]
+SpecOpt = Annotated[str | None, typer.Option(help="Speculative algorithm by name (none = off).")]
+PageSizeOpt = Annotated[int | None, typer.Option(help="KV page size in tokens.")]
+DtypeOpt = Annotated[str | None, typer.Option(help="float32, bfloat16 or float16.")]
+DeviceOpt = Annotated[str | None, typer.Option(help="cpu or cuda[:N].")]
+MemCheckOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="KV invariant checker level: 0 off, 1 quiet, 2 verbose (every step's terms "
+        "on stderr, whatever --log-level says)."
+    ),
+]
+DraftModelOpt = Annotated[str | None, typer.Option(help="Draft model folder for --spec.")]
+SpecStepsOpt = Annotated[int | None, typer.Option(help="Draft steps per verify.")]
+SpecTopkOpt = Annotated[int | None, typer.Option(help="Draft branches per step (1 = chain).")]
+SpecDraftTokensOpt = Annotated[int | None, typer.Option(help="Tree nodes sent to verify.")]
+LogLevelOpt = Annotated[
+    str,
+    typer.Option(
+        "--log-level",
+        metavar="LEVEL",
+        help="DEBUG, INFO, WARNING or ERROR: log records of this level and above go to stderr.",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")]
+
+
+def engine_config(**values: Any) -> EngineConfig:
+    """EngineConfig from the options given; options left out fall back to PLUGSERVE_* / defaults."""
+    from plugserve.config import EngineConfig
+
+    return EngineConfig(**{k: v for k, v in values.items() if v is not None})
+
+
+def checked_plugin_host(options: list[str], config: EngineConfig, debug: bool) -> PluginHost:
+    """Load the selected plugins, warn about broken ones, refuse an unsupported config.
+
+    Runs before any model is loaded, so every configuration error costs nothing.
+    """
+    from plugserve.plugins import load_plugins
+    from plugserve.registry import validate_config
+
+    host = load_plugins(options, allowlist=config.plugins)
+    warn_failures(host, debug)
+    reasons = validate_config(config, host.registries)
+    if reasons:
+        raise UsageError("unsupported configuration: " + "; ".join(reasons))
+    return host
+
+
+def warn_failures(host: PluginHost, debug: bool) -> None:
+    for failure in host.failures:
+        if debug and failure.detail:
+            typer.echo(failure.detail.rstrip(), err=True)
+        typer.echo(f"warning: {failure.message()}; it is not loaded", err=True)
+
+
+def stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def print_json(document: Any) -> None:
+    typer.echo(json.dumps(document, indent=2, default=str))

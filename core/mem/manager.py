@@ -1,0 +1,250 @@
+"""KVManager: the one owner of KV memory (DESIGN.md §3-§5).
+
+It holds the request-row table (`req_to_token`), the accounted pools with their page
+allocators, and the prefix cache. The scheduler decides *who* runs; the manager decides *what
+memory* that takes. Each operation below is one step of a request's life and changes the
+lengths it documents; nothing else writes `kv_committed_len`, `kv_allocated_len`,
+`cache_protected_len`, a row or an allocator:
+
+    admit            row + locked cached prefix          committed = allocated = protected = match
+    extend           a prefill chunk's slots             committed = allocated += chunk
+    cache_unfinished a chunk's aligned prefix -> cache   protected = floor_align(committed)
+    claim_decode     the slot the next forward writes    committed += 1, allocated += 1
+    reserve          a speculative round's slots         allocated = target
+    release          finish / abort                      cache committed prefix, free the rest
+    retract          out of memory                       free without caching, lengths reset
+
+Speculative committed-length bookkeeping (pre-claims under the overlap loop) lives next door
+in `plugserve.mem.spec_accounting`, on the same data.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from plugserve.cache.base import PrefixCache
+from plugserve.fixes import declare_fix_toggle
+from plugserve.mem.accounting import AccountedPool, PoolTerms
+from plugserve.mem.allocator import PagedAllocator, ceil_align, floor_align
+from plugserve.mem.req_to_token import ReqToTokenPool
+from plugserve.sched.req import Req
+
+FINISH_OVERALLOC_UNALIGNED = declare_fix_toggle(
+    "finish_overalloc_unaligned",
+    "free over-allocation from the committed length, not from its page boundary",
+)
+RETRACT_NO_RESET = declare_fix_toggle(
+    "retract_no_reset", "retract a request without resetting its KV lengths"
+)
+
+
+class KVManager:
+    def __init__(
+        self,
+        *,
+        rows: ReqToTokenPool,
+        allocator: PagedAllocator,
+        cache: PrefixCache,
+        prefix_sharing: bool,
+        revert_fixes: frozenset[str] = frozenset(),
+    ) -> None:
+        self.rows = rows
+        self.cache = cache
+        self.page_size = allocator.page_size
+        self.prefix_sharing = prefix_sharing
+        self.full = AccountedPool("full", allocator, cache.evictable_size, cache.protected_size)
+        self.pools: list[AccountedPool] = [self.full]
+        self._overalloc_from_committed = FINISH_OVERALLOC_UNALIGNED in revert_fixes
+        self._retract_keeps_lengths = RETRACT_NO_RESET in revert_fixes
+
+    @property
+    def allocator(self) -> PagedAllocator:
+        """The full-attention pool's allocator (the one every request position maps into)."""
+        return self.full.allocator
+
+    # --- accounting -----------------------------------------------------------------------
+    def terms(self, reqs: list[Req]) -> tuple[PoolTerms, ...]:
+        """Each pool's conservation terms with `reqs` owning KV (the busy check), or none
+        (the idle check)."""
+        return tuple(pool.terms(reqs) for pool in self.pools)
+
+    def session_held_rows(self) -> int:
+        """Rows parked in streaming-session slots (no sessions exist yet)."""
+        return 0
+
+    def rows_problem(self) -> str | None:
+        """At idle every row is free or held by a session; otherwise say what is off."""
+        free, held, total = self.rows.available_rows(), self.session_held_rows(), self.rows.num_rows
+        if free + held == total:
+            return None
+        return f"request rows not whole: free {free} + session-held {held} != rows {total}"
+
+    # --- admission ------------------------------------------------------------------------
+    def admit(self, req: Req) -> bool:
+        """Give a waiting request a row and lock its cached prefix. False if no row is free."""
+        if req.kv_allocated_len or req.req_pool_idx is not None:
+            raise RuntimeError(
+                f"request {req.rid} enters prefill still holding KV state (row "
+                f"{req.req_pool_idx}, committed {req.kv_committed_len}, allocated "
+                f"{req.kv_allocated_len}); a retract must reset its lengths"
+            )
+        row = self.rows.alloc()
+        if row is None:
+            return False
+        match = self.cache.match_prefix(req.all_ids[:-1])
+        req.req_pool_idx = row
+        req.is_retracted = False
+        req.prefix_slots = match.slots
+        req.last_node = match.node
+        self.cache.inc_lock_ref(match.node)
+        if match.length:
+            self.rows.write(row, 0, match.slots)
+        req.cache_protected_len = match.length
+        req.kv_committed_len = req.kv_allocated_len = match.length
+        if req.retract_count == 0:
+            req.cached_tokens = match.length
+        return True
+
+    def unadmit(self, req: Req) -> None:
+        """Undo `admit` for a request that got no memory this step (nothing else was taken)."""
+        assert req.req_pool_idx is not None
+        self.cache.dec_lock_ref(req.last_node)
+        self.rows.free(req.req_pool_idx)
+        req.reset_for_retract()
+
+    # --- allocation -----------------------------------------------------------------------
+    def ensure_free_pages(self, num_pages: int) -> bool:
+        """Make `num_pages` free pages, evicting unlocked cache entries if needed."""
+        short = num_pages * self.page_size - self.allocator.available_size()
+        if short > 0:
+            self.cache.evict(short)
+        return self.allocator.available_size() >= num_pages * self.page_size
+
+    def pages_to_grow(self, req: Req, new_allocated_len: int) -> int:
+        """New pages the request needs to reach `new_allocated_len` allocated slots."""
+        return self.allocator.pages_needed(req.kv_allocated_len,
+                                           max(req.kv_allocated_len, new_allocated_len))
+
+    def _last_slot(self, req: Req) -> int:
+        if req.kv_allocated_len == 0:
+            return -1
+        assert req.req_pool_idx is not None
+        return int(self.rows.req_to_token[req.req_pool_idx, req.kv_allocated_len - 1])
+
+    def _grow(self, req: Req, new_allocated_len: int) -> list[int] | None:
+        """Allocate row positions [allocated, new_allocated_len); None (nothing taken) when
+        the pool is short even after eviction."""
+        old = req.kv_allocated_len
+        if not self.ensure_free_pages(self.pages_to_grow(req, new_allocated_len)):
+            return None
+        slots = self.allocator.extend_slots(self._last_slot(req), old, new_allocated_len)
+        assert slots is not None and req.req_pool_idx is not None
+        self.rows.write(req.req_pool_idx, old, slots)
+        req.kv_allocated_len = new_allocated_len
+        return slots
+
+    def extend(self, req: Req, extend_len: int) -> list[int] | None:
+        """Slots for a prefill chunk of `extend_len` tokens after the committed KV."""
+        slots = self._grow(req, req.kv_allocated_len + extend_len)
+        if slots is not None:
+            req.kv_committed_len = req.kv_allocated_len
+        return slots
+
+    def claim_decode(self, req: Req) -> int:
+        """Claim the slot the next decode forward writes (committed += 1, allocated += 1)."""
+        slots = self._grow(req, req.kv_allocated_len + 1)
+        if slots is None:
+            raise RuntimeError(f"no free slot for the decode of {req}; room is made first")
+        req.kv_committed_len += 1
+        return slots[0]
+
+    def check_row_fits(self, req: Req, allocated_len: int, why: str) -> None:
+        """Always on: an allocation past the row would never be freed (it would leak)."""
+        width = self.rows.row_width
+        if allocated_len > width:
+            raise RuntimeError(
+                f"request {req.rid}: {why} needs allocated length {allocated_len} but its "
+                f"req_to_token row is only {width} slots wide (committed "
+                f"{req.kv_committed_len}); the rows must be widened for it"
+            )
+
+    def reserve(self, req: Req, allocated_len: int) -> None:
+        """Keep at least `allocated_len` slots allocated (a speculative round's reserve)."""
+        if allocated_len > req.kv_allocated_len and self._grow(req, allocated_len) is None:
+            raise RuntimeError(f"no room for the reserve of {req}; room is made first")
+
+    # --- release --------------------------------------------------------------------------
+    def release(self, req: Req) -> None:
+        """Finish or abort: keep the page-aligned committed prefix in the cache, free the
+        rest, unlock, free the row. Abort frees exactly like finish."""
+        row = req.req_pool_idx
+        assert row is not None, f"{req} has no row to release"
+        slots = self.rows.req_to_token[row, : req.kv_allocated_len].clone()
+        self._free_committed(req, slots)
+        self._free_overallocated(req, slots)
+        self.cache.dec_lock_ref(req.last_node)
+        self.rows.free(row)
+        req.req_pool_idx = None
+        req.last_node = None
+        req.finish_released = True
+
+    def _free_committed(self, req: Req, slots: torch.Tensor) -> None:
+        """Insert the aligned committed prefix (freeing duplicates already cached), then free
+        the unaligned tail page."""
+        committed, aligned = req.kv_committed_len, floor_align(req.kv_committed_len,
+                                                               self.page_size)
+        if self.prefix_sharing:
+            already_cached = self.cache.insert(req.all_ids[:aligned], slots[:aligned])
+            self.allocator.free_slots(slots[req.cache_protected_len : already_cached])
+        else:
+            self.allocator.free_slots(slots[req.cache_protected_len : aligned])
+        self.allocator.free_slots(slots[aligned:committed])
+        req.kv_committed_freed = True
+
+    def _free_overallocated(self, req: Req, slots: torch.Tensor) -> None:
+        """Free over-allocation from the next page boundary: the tail page is already free,
+        and freeing it again would put it in the free list twice."""
+        committed, allocated = req.kv_committed_len, req.kv_allocated_len
+        start = committed if self._overalloc_from_committed else ceil_align(committed,
+                                                                            self.page_size)
+        if allocated > start:
+            self.allocator.free_slots(slots[start:allocated])
+        req.kv_overallocated_freed = True
+
+    def cache_unfinished(self, req: Req) -> None:
+        """After a prefill chunk: cache the page-aligned committed prefix and lock it for the
+        request; the unaligned tail stays with the request."""
+        if not self.prefix_sharing:
+            return
+        row = req.req_pool_idx
+        assert row is not None
+        aligned = floor_align(req.kv_committed_len, self.page_size)
+        if aligned <= req.cache_protected_len:
+            return
+        slots = self.rows.req_to_token[row, :aligned].clone()
+        token_ids = req.all_ids[:aligned]
+        already_cached = self.cache.insert(token_ids, slots)
+        self.allocator.free_slots(slots[req.cache_protected_len : already_cached])
+        match = self.cache.match_prefix(token_ids)
+        assert match.length == aligned, (match.length, aligned)
+        self.rows.write(row, req.cache_protected_len, match.slots[req.cache_protected_len :])
+        self.cache.inc_lock_ref(match.node)
+        self.cache.dec_lock_ref(req.last_node)
+        req.last_node = match.node
+        req.prefix_slots = match.slots
+        req.cache_protected_len = aligned
+
+    def retract(self, req: Req) -> None:
+        """Out of memory: release the request's KV *without* caching it, keep its tokens, and
+        reset its lengths so it is admitted afresh."""
+        row = req.req_pool_idx
+        assert row is not None
+        slots = self.rows.req_to_token[row, : req.kv_allocated_len].clone()
+        # Its own slots: everything past the locked (page-aligned) prefix, whole pages.
+        self.allocator.free_slots(slots[req.cache_protected_len :])
+        self.cache.dec_lock_ref(req.last_node)
+        self.rows.free(row)
+        if not self._retract_keeps_lengths:
+            req.reset_for_retract()
+        req.is_retracted = True
+        req.retract_count += 1
