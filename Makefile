@@ -1,4 +1,4 @@
-# The two commands of the README: `make run` and `make test`.
+# The commands of the README: `make run`, `make test` and `make lint`.
 VENV ?= .venv
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
@@ -14,5 +14,5 @@ test: setup
 	$(VENV)/bin/python -m pytest -q
 
 lint: setup
-	$(VENV)/bin/ruff check core plugins tests benchmarks
-	$(VENV)/bin/mypy core
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy core $(dir $(wildcard plugins/*/plugserve_*/__init__.py))

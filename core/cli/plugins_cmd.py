@@ -118,9 +118,8 @@ def print_plugins(document: dict[str, Any]) -> None:
             row["name"], row["distribution"] or "-", row.get("version", "-"), status, hooks
         )
         for entry in row.get("registers", []):
+            # An attention backend's "page>1+topk>1" comes from the whitelist (registry).
             caps = ", ".join(f"{k}={_cap(v)}" for k, v in entry["capabilities"].items())
-            if "page_tree_whitelisted" in entry:
-                caps += f", page_tree_whitelist={'yes' if entry['page_tree_whitelisted'] else 'no'}"
             registered.add_row(
                 entry["kind"],
                 entry["name"],
@@ -136,6 +135,8 @@ def print_plugins(document: dict[str, Any]) -> None:
 
 
 def _cap(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, list | tuple):
         return "|".join(str(v) for v in value)
     return str(value)

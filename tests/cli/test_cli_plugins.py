@@ -116,7 +116,7 @@ def test_table_output(cli: Callable[..., Any]) -> None:
         "plugserve-dummy-good",
         "0.2.0",
         "dummy_attention",
-        "page_tree_whitelist=no",
+        "page>1+topk>1=no",
         "failed at import: ImportError",
         "not loaded: disabled with --plugin no:duplicate_name",
         "page_size>1 with topk>1 is allowed only for: torch_native, triton, flashinfer, fa3",
