@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
@@ -19,6 +18,7 @@ from plugserve.mem.allocator import PagedAllocator, ceil_align
 from plugserve.mem.kv_pool import KVPool
 from plugserve.mem.manager import KVManager
 from plugserve.mem.req_to_token import ReqToTokenPool
+from plugserve.outputs import GenerateResult, StreamEvent, generate_result
 from plugserve.plugins import PluginHost, load_plugins
 from plugserve.registry import validate_config
 from plugserve.request_input import PromptError, token_ids
@@ -39,28 +39,6 @@ class EngineStartError(RuntimeError):
 
 class EngineStoppedError(RuntimeError):
     """An earlier step failed (e.g. a KV leak was found): the engine no longer serves."""
-
-
-@dataclass
-class GenerateResult:
-    index: int
-    text: str
-    token_ids: list[int]
-    prompt_tokens: int
-    output_tokens: int
-    finish_reason: str | None
-    error: str | None = None
-    logprobs: list[float] | None = None
-    stats: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class StreamEvent:
-    index: int
-    token_ids: list[int]  # new tokens since the last event for this request
-    text: str  # decoded text of the new tokens
-    finished: bool
-    result: GenerateResult | None = None  # set on the final event
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -269,19 +247,7 @@ class Engine:
         *,
         chat: bool = False,
     ) -> list[GenerateResult]:
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        params = self._per_prompt(sampling, len(prompts))
-        # A bad request comes back from submit finished with an error; should submit raise
-        # anyway (engine closed or stopped), nothing of this call stays queued.
-        reqs: list[Req] = []
-        try:
-            for p, sp in zip(prompts, params, strict=True):
-                reqs.append(self.submit(p, sp, chat=chat))
-        except BaseException:
-            for r in reqs:
-                self.abort(r)
-            raise
+        reqs = self._submit_all(prompts, sampling, chat)
         with self._stop_on_error():
             self.scheduler.run_until_idle()
         return [self._result(i, r) for i, r in enumerate(reqs)]
@@ -296,17 +262,7 @@ class Engine:
         """Yield new tokens per request as steps produce them. Every request of the call gets
         exactly one final event (finished=True, `result` set), however it ended: finished,
         aborted while waiting or while running, or rejected at submit."""
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        params = self._per_prompt(sampling, len(prompts))
-        reqs: list[Req] = []
-        try:  # as in generate: a failed call leaves nothing queued
-            for p, sp in zip(prompts, params, strict=True):
-                reqs.append(self.submit(p, sp, chat=chat))
-        except BaseException:
-            for r in reqs:
-                self.abort(r)
-            raise
+        reqs = self._submit_all(prompts, sampling, chat)
         sent = [0] * len(reqs)
         done = [False] * len(reqs)
         sched = self.scheduler
@@ -340,6 +296,28 @@ class Engine:
             if not done[i]:
                 yield event(i, req, True)
 
+    def _submit_all(
+        self,
+        prompts: Sequence[str | list[int]] | str,
+        sampling: SamplingParams | Sequence[SamplingParams] | None,
+        chat: bool,
+    ) -> list[Req]:
+        """Queue one call's requests. A bad request comes back from submit finished with an
+        error; should submit raise anyway (engine closed or stopped), nothing of this call
+        stays queued."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        params = self._per_prompt(sampling, len(prompts))
+        reqs: list[Req] = []
+        try:
+            for p, sp in zip(prompts, params, strict=True):
+                reqs.append(self.submit(p, sp, chat=chat))
+        except BaseException:
+            for r in reqs:
+                self.abort(r)
+            raise
+        return reqs
+
     @contextlib.contextmanager
     def _stop_on_error(self) -> Iterator[None]:
         """Any error inside a step (a leak found by a checker, a model error) leaves memory in
@@ -366,31 +344,7 @@ class Engine:
         return list(sampling)
 
     def _result(self, index: int, req: Req) -> GenerateResult:
-        ids = list(req.output_ids)
-        text = self.tokenizer.decode(ids) if ids else ""
-        stop_str = req.stop_str
-        if stop_str and stop_str in text:
-            text = text[: text.index(stop_str)]
-        stats: dict[str, Any] = {"cached_tokens": req.cached_tokens,
-                                 "retractions": req.retract_count}
-        if req.first_token_s is not None:
-            stats["ttft_s"] = req.first_token_s - req.created_s
-        if req.finished_s is not None:
-            latency = req.finished_s - req.created_s
-            stats["latency_s"] = latency
-            stats["output_tokens_per_s"] = len(ids) / latency if latency > 0 else 0.0
-        if req.spec_verify_steps:
-            stats["spec_verify_steps"] = req.spec_verify_steps
-            stats["spec_accepted_tokens"] = req.spec_accepted_tokens
-            stats["spec_accept_len_mean"] = (
-                (req.spec_accepted_tokens + req.spec_verify_steps) / req.spec_verify_steps
-            )
-            stats["spec_accept_hist"] = dict(req.spec_accept_hist)
-        return GenerateResult(
-            index=index, text=text, token_ids=ids, prompt_tokens=len(req.origin_input_ids),
-            output_tokens=len(ids), finish_reason=req.finished_reason, error=req.error,
-            logprobs=list(req.output_logprobs) if req.sampling.logprobs else None, stats=stats,
-        )
+        return generate_result(index, req, self.tokenizer.decode)
 
     # --- introspection ----------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
