@@ -31,6 +31,12 @@ def _radix() -> Any:
     return RadixCache
 
 
+def _streaming_session() -> Any:
+    from plugserve.cache.radix import RadixCache
+
+    return RadixCache
+
+
 def _no_cache() -> Any:
     from plugserve.cache.no_cache import NoCache
 
@@ -54,6 +60,13 @@ def plugserve_register_attention_backends(register: RegisterAttentionBackend) ->
 @hookimpl
 def plugserve_register_cache_policies(register: RegisterCachePolicy) -> None:
     register("radix", _radix, CachePolicyCapabilities(), description="page-aligned radix tree")
+    register(
+        "streaming_session",
+        _streaming_session,
+        CachePolicyCapabilities(sessions=True),
+        description="radix, plus streaming sessions that keep a conversation's KV between "
+        "turns (a first turn may share a prefix through the tree; later turns bypass it)",
+    )
     register(
         "none",
         _no_cache,

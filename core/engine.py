@@ -18,6 +18,8 @@ from plugserve.mem.allocator import PagedAllocator, ceil_align
 from plugserve.mem.kv_pool import KVPool
 from plugserve.mem.manager import KVManager
 from plugserve.mem.req_to_token import ReqToTokenPool
+from plugserve.mem.session_kv import SessionKV
+from plugserve.mem.sessions import SessionError
 from plugserve.outputs import GenerateResult, StreamEvent, generate_result
 from plugserve.plugins import PluginHost, load_plugins
 from plugserve.registry import validate_config
@@ -129,6 +131,7 @@ class Engine:
         self.kv = KVManager(
             rows=rows, allocator=allocator, cache=cache_entry.load()(rows, allocator, page),
             prefix_sharing=cache_entry.capabilities.prefix_sharing,
+            sessions=cache_entry.capabilities.sessions,
             revert_fixes=cfg.revert_fixes,
         )
         self.runner = ModelRunner(self.model, self.backend, self.kv_pool, rows,
@@ -195,7 +198,8 @@ class Engine:
         return out
 
     def submit(
-        self, prompt: str | list[int], sampling: SamplingParams | None = None, *, chat: bool = False
+        self, prompt: str | list[int], sampling: SamplingParams | None = None, *,
+        chat: bool = False, session_id: str | None = None, session_offset: int | None = None,
     ) -> Req:
         """Queue one request. A bad request (malformed prompt, invalid sampling parameters)
         never raises: it comes back finished with reason "error" and `error` set, unqueued.
@@ -220,7 +224,11 @@ class Engine:
                 problems = [f"could not tokenize the prompt: {exc}"]
             else:
                 try:
+                    if session_id is not None:
+                        ids = self._session(session_id).turn_ids(session_id, ids, session_offset)
                     problems = self._problems(ids, sp)
+                except SessionError as exc:
+                    problems = [str(exc)]
                 except Exception as exc:  # a check that itself failed: reject, never raise
                     problems = [f"invalid request: {type(exc).__name__}: {exc}"]
         if problems:
@@ -233,9 +241,31 @@ class Engine:
             req.error = "; ".join(problems)
             req.finish_released = True
         else:
-            req = Req(rid, ids, sp)
+            req = Req(rid, ids, sp, session_id=session_id)
+            if session_id is not None:
+                self._session(session_id).begin_turn(req, session_offset)
             self.scheduler.add_request(req)
         return req
+
+    # --- streaming sessions -----------------------------------------------------------------
+    def open_session(self, timeout_s: float = 600.0) -> str:
+        """Open a streaming session: its KV stays between turns (`generate(...,
+        session_id=)`); closed by `close_session` or after `timeout_s` idle seconds."""
+        return self._session(None).store.open(timeout_s).session_id
+
+    def close_session(self, session_id: str) -> None:
+        """Free everything the session holds (no turn may be in progress)."""
+        self._session(session_id).close(session_id)
+
+    def _session(self, session_id: str | None) -> SessionKV:
+        sessions = self.kv.sessions
+        if sessions is None:
+            raise SessionError(
+                f"sessions need a cache policy that supports them; cache={self.config.cache!r} "
+                "does not: use cache='streaming_session' (--cache streaming_session)"
+            )
+        sessions.reap()
+        return sessions
 
     def abort(self, req: Req) -> bool:
         return self.scheduler.abort(req.rid)
@@ -246,8 +276,13 @@ class Engine:
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         chat: bool = False,
+        session_id: str | None = None,
+        session_offset: int | None = None,
     ) -> list[GenerateResult]:
-        reqs = self._submit_all(prompts, sampling, chat)
+        """Run the prompts to the end. With `session_id`, a prompt is one turn of that
+        streaming session: only its new tokens, appended to the conversation (after the first
+        `session_offset` tokens of it, when given)."""
+        reqs = self._submit_all(prompts, sampling, chat, session_id, session_offset)
         with self._stop_on_error():
             self.scheduler.run_until_idle()
         return [self._result(i, r) for i, r in enumerate(reqs)]
@@ -258,11 +293,14 @@ class Engine:
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         chat: bool = False,
+        session_id: str | None = None,
+        session_offset: int | None = None,
     ) -> Iterator[StreamEvent]:
         """Yield new tokens per request as steps produce them. Every request of the call gets
         exactly one final event (finished=True, `result` set), however it ended: finished,
-        aborted while waiting or while running, or rejected at submit."""
-        reqs = self._submit_all(prompts, sampling, chat)
+        aborted while waiting or while running, or rejected at submit. Sessions as in
+        `generate`."""
+        reqs = self._submit_all(prompts, sampling, chat, session_id, session_offset)
         sent = [0] * len(reqs)
         done = [False] * len(reqs)
         sched = self.scheduler
@@ -301,6 +339,8 @@ class Engine:
         prompts: Sequence[str | list[int]] | str,
         sampling: SamplingParams | Sequence[SamplingParams] | None,
         chat: bool,
+        session_id: str | None = None,
+        session_offset: int | None = None,
     ) -> list[Req]:
         """Queue one call's requests. A bad request comes back from submit finished with an
         error; should submit raise anyway (engine closed or stopped), nothing of this call
@@ -311,7 +351,8 @@ class Engine:
         reqs: list[Req] = []
         try:
             for p, sp in zip(prompts, params, strict=True):
-                reqs.append(self.submit(p, sp, chat=chat))
+                reqs.append(self.submit(p, sp, chat=chat, session_id=session_id,
+                                        session_offset=session_offset))
         except BaseException:
             for r in reqs:
                 self.abort(r)

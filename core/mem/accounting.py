@@ -15,7 +15,7 @@ from plugserve.mem.allocator import PagedAllocator, ceil_align
 from plugserve.sched.req import Req
 
 
-def _no_slots() -> int:
+def no_slots() -> int:
     return 0
 
 
@@ -69,7 +69,7 @@ class AccountedPool:
     # pool) or already freed out of the window (SWA pool: max(protected, swa_evicted)).
     req_not_owned_prefix: Callable[[Req], int] = _protected_prefix
     # KV parked in session slots that are not lent to a request in a batch.
-    session_held: Callable[[], int] = _no_slots
+    session_held: Callable[[], int] = no_slots
 
     @property
     def total(self) -> int:

@@ -14,8 +14,9 @@ lengths it documents; nothing else writes `kv_committed_len`, `kv_allocated_len`
     release          finish / abort                      cache committed prefix, free the rest
     retract          out of memory                       free without caching, lengths reset
 
-Speculative committed-length bookkeeping (pre-claims under the overlap loop) lives next door
-in `plugserve.mem.spec_accounting`, on the same data.
+Next door, on the same data: speculative committed-length bookkeeping (pre-claims under the
+overlap loop) in `plugserve.mem.spec_accounting`, and the KV of streaming sessions (a turn
+borrows its session's row and KV and hands them back) in `plugserve.mem.session_kv`.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ import torch
 
 from plugserve.cache.base import PrefixCache
 from plugserve.fixes import declare_fix_toggle
-from plugserve.mem.accounting import AccountedPool, PoolTerms
+from plugserve.mem.accounting import AccountedPool, PoolTerms, no_slots
 from plugserve.mem.allocator import PagedAllocator, ceil_align, floor_align
 from plugserve.mem.req_to_token import ReqToTokenPool
+from plugserve.mem.session_kv import SessionKV
+from plugserve.mem.sessions import SessionStore
 from plugserve.sched.req import Req
 
 FINISH_OVERALLOC_UNALIGNED = declare_fix_toggle(
@@ -46,13 +49,22 @@ class KVManager:
         allocator: PagedAllocator,
         cache: PrefixCache,
         prefix_sharing: bool,
+        sessions: bool = False,
         revert_fixes: frozenset[str] = frozenset(),
     ) -> None:
         self.rows = rows
         self.cache = cache
         self.page_size = allocator.page_size
         self.prefix_sharing = prefix_sharing
-        self.full = AccountedPool("full", allocator, cache.evictable_size, cache.protected_size)
+        # Streaming sessions, when the cache policy supports them; at most one per row.
+        self.sessions = (
+            SessionKV(self, SessionStore(rows.num_rows), revert_fixes) if sessions else None
+        )
+        store = self.sessions.store if self.sessions is not None else None
+        self.full = AccountedPool(
+            "full", allocator, cache.evictable_size, cache.protected_size,
+            session_held=(lambda: store.held_slots(self.page_size)) if store else no_slots,
+        )
         self.pools: list[AccountedPool] = [self.full]
         self._overalloc_from_committed = FINISH_OVERALLOC_UNALIGNED in revert_fixes
         self._retract_keeps_lengths = RETRACT_NO_RESET in revert_fixes
@@ -69,8 +81,17 @@ class KVManager:
         return tuple(pool.terms(reqs) for pool in self.pools)
 
     def session_held_rows(self) -> int:
-        """Rows parked in streaming-session slots (no sessions exist yet)."""
-        return 0
+        """Rows owned by streaming-session slots."""
+        return self.sessions.store.held_rows() if self.sessions is not None else 0
+
+    def forget_waiting(self, req: Req) -> None:
+        """A request ended before it was admitted (aborted while waiting)."""
+        if req.session_id is not None and self.sessions is not None:
+            self.sessions.forget_turn(req)
+
+    def _lent_session_row(self, req: Req) -> bool:
+        return (req.session_id is not None and self.sessions is not None
+                and self.sessions.owns_row(req))
 
     def rows_problem(self) -> str | None:
         """At idle every row is free or held by a session; otherwise say what is off."""
@@ -88,6 +109,8 @@ class KVManager:
                 f"{req.req_pool_idx}, committed {req.kv_committed_len}, allocated "
                 f"{req.kv_allocated_len}); a retract must reset its lengths"
             )
+        if req.session_id is not None and self.sessions is not None and self.sessions.lend(req):
+            return True
         row = self.rows.alloc()
         if row is None:
             return False
@@ -108,8 +131,12 @@ class KVManager:
     def unadmit(self, req: Req) -> None:
         """Undo `admit` for a request that got no memory this step (nothing else was taken)."""
         assert req.req_pool_idx is not None
-        self.cache.dec_lock_ref(req.last_node)
-        self.rows.free(req.req_pool_idx)
+        if self._lent_session_row(req):
+            assert self.sessions is not None
+            self.sessions.give_back(req, retract=True)
+        else:
+            self.cache.dec_lock_ref(req.last_node)
+            self.rows.free(req.req_pool_idx)
         req.reset_for_retract()
 
     # --- allocation -----------------------------------------------------------------------
@@ -176,12 +203,22 @@ class KVManager:
     # --- release --------------------------------------------------------------------------
     def release(self, req: Req) -> None:
         """Finish or abort: keep the page-aligned committed prefix in the cache, free the
-        rest, unlock, free the row. Abort frees exactly like finish."""
+        rest, unlock, free the row. Abort frees exactly like finish. A session turn that
+        finished hands its KV to its session instead; one that was aborted (or failed) leaves
+        the session as it was after its previous turn."""
         row = req.req_pool_idx
         assert row is not None, f"{req} has no row to release"
+        if req.session_id is not None and self.sessions is not None:
+            if req.finished_reason not in ("abort", "error"):
+                self.sessions.save(req)
+                return
+            if self.sessions.owns_row(req):
+                self.sessions.give_back(req, retract=False)
+                return
+            self.sessions.forget_turn(req)  # a first turn: released like any request
         slots = self.rows.req_to_token[row, : req.kv_allocated_len].clone()
         self._free_committed(req, slots)
-        self._free_overallocated(req, slots)
+        self.free_overallocated(req, slots)
         self.cache.dec_lock_ref(req.last_node)
         self.rows.free(row)
         req.req_pool_idx = None
@@ -201,7 +238,7 @@ class KVManager:
         self.allocator.free_slots(slots[aligned:committed])
         req.kv_committed_freed = True
 
-    def _free_overallocated(self, req: Req, slots: torch.Tensor) -> None:
+    def free_overallocated(self, req: Req, slots: torch.Tensor) -> None:
         """Free over-allocation from the next page boundary: the tail page is already free,
         and freeing it again would put it in the free list twice."""
         committed, allocated = req.kv_committed_len, req.kv_allocated_len
@@ -213,8 +250,9 @@ class KVManager:
 
     def cache_unfinished(self, req: Req) -> None:
         """After a prefill chunk: cache the page-aligned committed prefix and lock it for the
-        request; the unaligned tail stays with the request."""
-        if not self.prefix_sharing:
+        request; the unaligned tail stays with the request. Session turns are owned by their
+        session, not the cache."""
+        if not self.prefix_sharing or req.session_id is not None:
             return
         row = req.req_pool_idx
         assert row is not None
@@ -239,11 +277,15 @@ class KVManager:
         reset its lengths so it is admitted afresh."""
         row = req.req_pool_idx
         assert row is not None
-        slots = self.rows.req_to_token[row, : req.kv_allocated_len].clone()
-        # Its own slots: everything past the locked (page-aligned) prefix, whole pages.
-        self.allocator.free_slots(slots[req.cache_protected_len :])
-        self.cache.dec_lock_ref(req.last_node)
-        self.rows.free(row)
+        if self._lent_session_row(req):
+            assert self.sessions is not None
+            self.sessions.give_back(req, retract=True)  # the session keeps what it had
+        else:
+            slots = self.rows.req_to_token[row, : req.kv_allocated_len].clone()
+            # Its own slots: everything past the locked (page-aligned) prefix, whole pages.
+            self.allocator.free_slots(slots[req.cache_protected_len :])
+            self.cache.dec_lock_ref(req.last_node)
+            self.rows.free(row)
         if not self._retract_keeps_lengths:
             req.reset_for_retract()
         req.is_retracted = True

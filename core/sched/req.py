@@ -11,8 +11,14 @@ from plugserve.sampling import SamplingParams
 
 
 class Req:
-    def __init__(self, rid: int, input_ids: list[int], sampling: SamplingParams) -> None:
+    def __init__(
+        self, rid: int, input_ids: list[int], sampling: SamplingParams,
+        session_id: str | None = None,
+    ) -> None:
         self.rid = rid
+        # A turn of this streaming session: input_ids is the whole conversation so far plus
+        # the turn's new tokens, and the session lends its KV (see plugserve.mem.session_kv).
+        self.session_id = session_id
         self.origin_input_ids = input_ids
         self.output_ids: list[int] = []
         self.sampling = sampling

@@ -93,6 +93,7 @@ class Scheduler:
                 self.waiting.remove(req)
                 req.finished_reason = "abort"
                 req.finished_s = time.perf_counter()
+                self.kv.forget_waiting(req)
                 self.finished_reqs.append(req)
                 return True
         for req in self._live_reqs():
@@ -303,6 +304,20 @@ class Scheduler:
         if self._steps_without_progress < 2:
             return
         allocator, cache = self.kv.allocator, self.kv.cache
+        held = sum(pool.session_held() for pool in self.kv.pools)
+        if held:
+            # Idle streaming sessions keep their KV: the request cannot run until some close.
+            # It fails alone; the engine keeps serving.
+            req = self.waiting.popleft()
+            self.kv.forget_waiting(req)
+            req.error = (
+                f"request needs KV slots that idle streaming sessions hold ({held} slots in "
+                f"session slots, {allocator.available_size()} of {allocator.total_slots} "
+                "free): close sessions or raise kv_pool_tokens"
+            )
+            self.finish_req(req, "error", time.perf_counter())
+            self._steps_without_progress = 0
+            return
         raise SchedulerStuckError(
             f"the scheduler cannot make progress: {len(self.waiting)} request(s) wait and none "
             f"runs, but the first ({self.waiting[0]}) cannot be admitted: "

@@ -10,7 +10,8 @@ from plugserve_checker.errors import KVCorruptionError
 
 def check_pages(scheduler: Any, reqs: list[Req]) -> None:
     """`reqs` own KV right now (none at idle). Every pool's free list holds each page once;
-    the full pool's pages held by a request or the prefix cache are not free."""
+    the full pool's pages held by a request, a session slot or the prefix cache are not
+    free."""
     kv = scheduler.kv
     for pool in kv.pools:
         free = pool.allocator.free_pages
@@ -34,6 +35,12 @@ def check_pages(scheduler: Any, reqs: list[Req]) -> None:
         slots = rows.req_to_token[req.req_pool_idx, : req.kv_allocated_len]
         for p in set((slots // page).tolist()):
             owned.setdefault(p, f"request {req.rid}")
+    if kv.sessions is not None:
+        for slot in kv.sessions.store.slots.values():
+            if slot.row is not None and not slot.lent:
+                slots = rows.req_to_token[slot.row, slot.cache_protected_len : slot.kv_committed_len]
+                for p in set((slots // page).tolist()):
+                    owned.setdefault(p, f"session {slot.session_id}")
     for value in kv.cache.cached_slots():
         for p in set((value // page).tolist()):
             owned.setdefault(p, "the prefix cache")

@@ -27,7 +27,7 @@ class TestFreedFlagsAgree(EngineTest):
         """A release that frees the committed KV but never does its over-allocation half
         (here there is none to free, so no slot leaks): only the seed rule sees it."""
         with self.engine(model=str(tiny_model_dir)) as engine:
-            monkeypatch.setattr(engine.kv, "_free_overallocated", lambda req, slots: None)
+            monkeypatch.setattr(engine.kv, "free_overallocated", lambda req, slots: None)
             with pytest.raises(KVLeakError, match=r"committed KV freed=True but "
                                                   r"over-allocation freed=False"):
                 engine.generate(_prompts(2, 8), PARAMS)
