@@ -2,9 +2,11 @@
 
 Everything the model code, the loaders and the memory pools need to know about a checkpoint
 lives here: sizes, rope settings, which optional projections exist (Qwen2's q/k/v bias,
-Qwen3's per-head q/k norm) and which layers use a sliding window. It is built from an HF
-`config.json` (`from_hf_config`) or from GGUF metadata (`from_gguf_metadata`), and can be
-written back as an HF config (`to_hf_config`).
+Qwen3's per-head q/k norm), which layers use a sliding window, and the Gemma 3 variations of
+the same decoder ((1 + w) norms, sandwich norms, GELU MLP, scaled embeddings, a separate rope
+for the sliding layers, logit soft-capping). It is built from an HF `config.json`
+(`from_hf_config`) or from GGUF metadata (`from_gguf_metadata`), and can be written back as
+an HF config (`to_hf_config`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from typing import Any
 from plugserve.attention.base import AttentionLayer
 from plugserve.model.errors import ModelLoadError
 
+# Activations of the gated MLP: SwiGLU (Llama family) and GELU-tanh (Gemma 3).
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+
 
 @dataclass(frozen=True)
 class ModelArchConfig:
-    model_type: str  # "llama" | "qwen2" | "qwen3" | "mistral"
+    model_type: str  # "llama" | "qwen2" | "qwen3" | "mistral" | "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -40,6 +45,17 @@ class ModelArchConfig:
     qk_norm: bool = False  # per-head RMSNorm on q and k before rope (Qwen3)
     sliding_window: int | None = None  # the window of the sliding layers, if any
     layer_sliding_window: tuple[int | None, ...] = ()  # per layer; None = full attention
+    # Gemma 3 variations (the defaults are the Llama family's).
+    hidden_act: str = "silu"  # gated MLP activation: "silu" or "gelu_pytorch_tanh"
+    norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight), in float32
+    sandwich_norms: bool = False  # norm after attention and MLP too, and a pre-MLP norm
+    embedding_scale: float = 1.0  # token embeddings are multiplied by this (in the dtype)
+    query_pre_attn_scalar: float | None = None  # attention scale ** -0.5; None = head_dim
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    # Rope of the sliding-window layers when it differs from the others' (Gemma 3: a lower
+    # base and no scaling); None = every layer uses rope_theta / rope_scaling.
+    local_rope_theta: float | None = None
+    local_rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
@@ -71,9 +87,23 @@ class ModelArchConfig:
                 f"one per layer ({self.num_hidden_layers})"
             )
         for window in self.layer_sliding_window:
-            if window is not None and window < 1:
-                problems.append(f"a sliding window must be at least 1 token, got {window}")
+            if window is not None and (
+                not isinstance(window, int) or isinstance(window, bool) or window < 1
+            ):
+                problems.append(
+                    f"a sliding window must be a positive number of tokens, got {window!r}"
+                )
                 break
+        if self.hidden_act not in SUPPORTED_ACTIVATIONS:
+            problems.append(
+                f"hidden_act {self.hidden_act!r} is not supported; supported: "
+                f"{', '.join(SUPPORTED_ACTIVATIONS)}"
+            )
+        for name in ("embedding_scale", "query_pre_attn_scalar", "final_logit_softcapping",
+                     "local_rope_theta"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                problems.append(f"{name} must be positive, got {value!r}")
         return problems
 
     # ---- derived sizes -------------------------------------------------------------------
@@ -90,7 +120,17 @@ class ModelArchConfig:
 
     @property
     def attention_scaling(self) -> float:
+        """The softmax scale: query_pre_attn_scalar ** -0.5 (Gemma 3), else head_dim ** -0.5."""
+        if self.query_pre_attn_scalar is not None:
+            return float(self.query_pre_attn_scalar) ** -0.5
         return float(self.head_dim) ** -0.5
+
+    def layer_uses_local_rope(self, layer_id: int) -> bool:
+        """True when layer `layer_id` rotates with the local (sliding-layer) rope."""
+        return (
+            self.local_rope_theta is not None
+            and self.layer_sliding_window[layer_id] is not None
+        )
 
     @property
     def full_attention_layer_ids(self) -> list[int]:
@@ -123,7 +163,7 @@ class ModelArchConfig:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> ModelArchConfig:
-        """Build from the dict of an HF `config.json` (Llama, Qwen2, Qwen3, Mistral)."""
+        """Build from the dict of an HF `config.json` (Llama, Qwen2, Qwen3, Mistral, Gemma 3)."""
         from plugserve.model.hf_config import arch_from_hf_config
 
         return arch_from_hf_config(config)

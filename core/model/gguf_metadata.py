@@ -9,10 +9,24 @@ import numpy as np
 
 from plugserve.model.arch import ModelArchConfig
 from plugserve.model.errors import ModelLoadError, UnsupportedArchitectureError
+from plugserve.model.sliding_window import window_value
 
 # GGUF general.architecture -> our model_type (llama.cpp writes Mistral models as "llama").
 SUPPORTED_GGUF_ARCHITECTURES: dict[str, str] = {
     "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+}
+
+
+# GGUF architectures we know but cannot read, and why.
+_REFUSED_GGUF_ARCHITECTURES: dict[str, str] = {
+    "gemma3": (
+        "llama.cpp's gemma3 metadata lacks what this engine needs to run it exactly: which "
+        "layers are local (no gemma3.attention.sliding_window_pattern; llama.cpp hard-codes "
+        "5 local : 1 global), the local layers' rope base (no gemma3.rope.freq_base_swa; "
+        "hard-coded 10000) and the attention scale (no query_pre_attn_scalar; derived from "
+        "the model size); its norm weights are also stored as 1 + w. Load the HF folder "
+        "(Gemma3ForCausalLM) instead"
+    ),
 }
 
 
@@ -64,6 +78,12 @@ def arch_from_gguf_metadata(
     rope_freq_factors: Sequence[float] | None = None,
 ) -> ModelArchConfig:
     gguf_arch = metadata.get("general.architecture")
+    if gguf_arch in _REFUSED_GGUF_ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"GGUF architecture {gguf_arch!r} is not supported: "
+            f"{_REFUSED_GGUF_ARCHITECTURES[gguf_arch]}; supported GGUF architectures: "
+            f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
+        )
     if gguf_arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"GGUF architecture {gguf_arch!r} is not supported; supported: "
@@ -95,7 +115,9 @@ def arch_from_gguf_metadata(
     if not vocab:
         raise ModelLoadError(f"GGUF metadata has neither {prefix}vocab_size nor a token list")
     num_layers = int(need("block_count"))
-    window = metadata.get(prefix + "attention.sliding_window")
+    window = window_value(
+        metadata.get(prefix + "attention.sliding_window"), prefix + "attention.sliding_window"
+    )
     names = set(tensor_names)
     bos = metadata.get("tokenizer.ggml.bos_token_id")
     return ModelArchConfig(
@@ -116,8 +138,8 @@ def arch_from_gguf_metadata(
         attention_out_bias="blk.0.attn_output.bias" in names,
         mlp_bias="blk.0.ffn_up.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
-        sliding_window=None if window is None else int(window),
-        layer_sliding_window=(None if window is None else int(window),) * num_layers,
+        sliding_window=window,
+        layer_sliding_window=(window,) * num_layers,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=_eos_ids(metadata),
     )

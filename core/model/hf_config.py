@@ -2,6 +2,8 @@
 
 Both the transformers 4.x layout (`rope_theta` + `rope_scaling`, `use_sliding_window` +
 `max_window_layers`) and the 5.x layout (`rope_parameters`, `layer_types`) are understood.
+Which layers are windowed: `plugserve.model.sliding_window`; Gemma 3's fields:
+`plugserve.model.gemma3_config`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 from plugserve.model.arch import ModelArchConfig
 from plugserve.model.errors import ModelLoadError, UnsupportedArchitectureError
+from plugserve.model.sliding_window import layer_windows_from_hf
 
 # HF architecture class name -> our model_type.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -18,8 +21,12 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "MistralForCausalLM": "mistral",
+    "Gemma3ForCausalLM": "gemma3",
 }
 ARCHITECTURE_OF_MODEL_TYPE = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
+# Our model_type -> HF's `model_type`, where they differ.
+HF_MODEL_TYPE = {"gemma3": "gemma3_text"}
+_OUR_MODEL_TYPE = {HF_MODEL_TYPE.get(t, t): t for t in ARCHITECTURE_OF_MODEL_TYPE}
 
 # rope_type -> the parameters it needs.
 SUPPORTED_ROPE_TYPES: dict[str, tuple[str, ...]] = {
@@ -45,21 +52,21 @@ def model_type_of(config: Mapping[str, Any]) -> str:
                 f"supported architectures: {_supported_list()}"
             )
         return SUPPORTED_ARCHITECTURES[name]
-    if hf_model_type in ARCHITECTURE_OF_MODEL_TYPE:
-        return str(hf_model_type)
+    if hf_model_type in _OUR_MODEL_TYPE:
+        return _OUR_MODEL_TYPE[str(hf_model_type)]
     raise UnsupportedArchitectureError(
         f"model_type {hf_model_type!r} (no 'architectures' entry) is not supported; "
         f"supported architectures: {_supported_list()}"
     )
 
 
-def _required(config: Mapping[str, Any], key: str) -> Any:
+def required(config: Mapping[str, Any], key: str) -> Any:
     if config.get(key) is None:
         raise ModelLoadError(f"config lacks the required field {key!r}")
     return config[key]
 
 
-def _id_tuple(value: Any) -> tuple[int, ...]:
+def id_tuple(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
     if isinstance(value, int):
@@ -94,7 +101,7 @@ def rope_from_hf(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | Non
     if rope_type == "default":
         return float(theta), None
     if rope_type == "llama3" and "original_max_position_embeddings" not in scaling:
-        scaling["original_max_position_embeddings"] = _required(config, "max_position_embeddings")
+        scaling["original_max_position_embeddings"] = required(config, "max_position_embeddings")
     missing = [k for k in SUPPORTED_ROPE_TYPES[rope_type] if scaling.get(k) is None]
     if missing:
         raise ModelLoadError(f"rope scaling {rope_type!r} lacks the parameter(s) {missing}")
@@ -102,51 +109,20 @@ def rope_from_hf(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | Non
     return float(theta), {"rope_type": rope_type, **kept}
 
 
-def layer_windows_from_hf(
-    config: Mapping[str, Any], model_type: str, num_layers: int
-) -> tuple[int | None, ...]:
-    """The sliding window of every layer (None = full attention)."""
-    window = config.get("sliding_window")
-    if model_type == "llama":
-        return (None,) * num_layers
-    if model_type in ("qwen2", "qwen3") and not config.get("use_sliding_window", False):
-        window = None
-    layer_types = config.get("layer_types")
-    if layer_types is not None:
-        if len(layer_types) != num_layers:
-            raise ModelLoadError(
-                f"layer_types has {len(layer_types)} entries, expected num_hidden_layers "
-                f"({num_layers})"
-            )
-        unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
-        if unknown:
-            raise UnsupportedArchitectureError(
-                f"layer types {unknown} are not supported; supported: full_attention, "
-                "sliding_attention"
-            )
-        if "sliding_attention" in layer_types and window is None:
-            raise ModelLoadError(
-                "layer_types names sliding_attention layers but sliding_window is unset"
-            )
-        return tuple(window if t == "sliding_attention" else None for t in layer_types)
-    if window is None:
-        return (None,) * num_layers
-    if model_type == "mistral":
-        return (int(window),) * num_layers
-    first_sliding = int(config.get("max_window_layers", 0))
-    return tuple(int(window) if i >= first_sliding else None for i in range(num_layers))
-
-
 def arch_from_hf_config(config: Mapping[str, Any]) -> ModelArchConfig:
     model_type = model_type_of(config)
+    if model_type == "gemma3":
+        from plugserve.model.gemma3_config import gemma3_arch_from_hf
+
+        return gemma3_arch_from_hf(config)
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedArchitectureError(
             f"hidden_act {act!r} is not supported; only 'silu' (SwiGLU MLP)"
         )
-    hidden = int(_required(config, "hidden_size"))
-    heads = int(_required(config, "num_attention_heads"))
-    num_layers = int(_required(config, "num_hidden_layers"))
+    hidden = int(required(config, "hidden_size"))
+    heads = int(required(config, "num_attention_heads"))
+    num_layers = int(required(config, "num_hidden_layers"))
     rope_theta, rope_scaling = rope_from_hf(config)
     windows = layer_windows_from_hf(config, model_type, num_layers)
     used_windows = {w for w in windows if w is not None}
@@ -155,9 +131,9 @@ def arch_from_hf_config(config: Mapping[str, Any]) -> ModelArchConfig:
     bias = bool(config.get("attention_bias", False))
     return ModelArchConfig(
         model_type=model_type,
-        vocab_size=int(_required(config, "vocab_size")),
+        vocab_size=int(required(config, "vocab_size")),
         hidden_size=hidden,
-        intermediate_size=int(_required(config, "intermediate_size")),
+        intermediate_size=int(required(config, "intermediate_size")),
         num_hidden_layers=num_layers,
         num_attention_heads=heads,
         num_key_value_heads=int(config.get("num_key_value_heads") or heads),
@@ -174,11 +150,25 @@ def arch_from_hf_config(config: Mapping[str, Any]) -> ModelArchConfig:
         sliding_window=next(iter(used_windows), None),
         layer_sliding_window=windows,
         bos_token_id=config.get("bos_token_id"),
-        eos_token_ids=_id_tuple(config.get("eos_token_id")),
+        eos_token_ids=id_tuple(config.get("eos_token_id")),
     )
 
 
+# ModelArchConfig fields only Gemma 3 sets, with the value every other family has.
+GEMMA_ONLY_FIELDS: dict[str, Any] = {
+    "hidden_act": "silu", "norm_unit_offset": False, "sandwich_norms": False,
+    "embedding_scale": 1.0, "query_pre_attn_scalar": None, "final_logit_softcapping": None,
+    "local_rope_theta": None, "local_rope_scaling": None,
+}
+
+
 def _check_expressible(arch: ModelArchConfig) -> None:
+    gemma_only = [f"{k}={getattr(arch, k)!r}" for k, v in GEMMA_ONLY_FIELDS.items()
+                  if getattr(arch, k) != v]
+    if gemma_only:
+        raise ModelLoadError(
+            f"a {arch.model_type} HF config cannot express {', '.join(gemma_only)}"
+        )
     if arch.model_type == "qwen2":
         ok = arch.attention_bias and not arch.attention_out_bias
         allowed = "q/k/v bias without output bias"
@@ -220,6 +210,10 @@ def _sliding_fields(arch: ModelArchConfig) -> dict[str, Any]:
 
 
 def arch_to_hf_config(arch: ModelArchConfig) -> dict[str, Any]:
+    if arch.model_type == "gemma3":
+        from plugserve.model.gemma3_config import gemma3_arch_to_hf
+
+        return gemma3_arch_to_hf(arch)
     _check_expressible(arch)
     config: dict[str, Any] = {
         "architectures": [ARCHITECTURE_OF_MODEL_TYPE[arch.model_type]],

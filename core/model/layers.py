@@ -1,5 +1,5 @@
-"""Building blocks of the Llama-family decoder: linear and embedding layers, RMSNorm and the
-SwiGLU MLP.
+"""Building blocks of the Llama-family decoder: linear and embedding layers, RMSNorm (also
+Gemma's (1 + w) form) and the gated MLP (SwiGLU, or GELU-tanh for Gemma 3).
 
 Parameters are allocated with `torch.empty` on the target device and never initialised: a
 loader overwrites every one of them, so random initialisation would only cost time.
@@ -13,6 +13,7 @@ against a float32 copy of the weight made once (`matmul_weight`).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -102,32 +103,57 @@ class Embedding(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm over the last dim, computed in float32, scaled by `weight`."""
+    """Root-mean-square norm over the last dim, computed in float32, scaled by `weight`.
 
-    def __init__(self, size: int, eps: float, *, dtype: torch.dtype, device: Device) -> None:
+    Llama casts the normalised x back to the input dtype, then multiplies by `weight`. With
+    `unit_offset` (Gemma) the scale is (1 + weight) and the product is taken in float32
+    before the cast back.
+    """
+
+    def __init__(
+        self, size: int, eps: float, *, dtype: torch.dtype, device: Device,
+        unit_offset: bool = False,
+    ) -> None:
         super().__init__()
         self.eps = eps
+        self.unit_offset = unit_offset
         self.weight = nn.Parameter(torch.empty(size, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         in_dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.unit_offset:
+            return (x32 * (1.0 + self.weight.float())).to(in_dtype)
         return self.weight * x32.to(in_dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        offset = ", 1 + weight" if self.unit_offset else ""
+        return f"{self.weight.shape[0]}, eps={self.eps}{offset}"
 
 
-class SwiGLUMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)) with gate and up fused into one projection."""
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# HF `hidden_act` / `hidden_activation` name -> function (the same torch kernels HF uses).
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu, "gelu_pytorch_tanh": _gelu_tanh,
+}
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with gate and up fused into one projection; act is SiLU
+    (SwiGLU, the Llama family) or GELU with the tanh approximation (Gemma 3)."""
 
     def __init__(
         self, hidden_size: int, intermediate_size: int, *, bias: bool, dtype: torch.dtype,
-        device: Device,
+        device: Device, activation: str = "silu",
     ) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
+        self.activation = activation
+        self.act = ACTIVATIONS[activation]
         self.gate_up_proj = Linear(
             hidden_size, 2 * intermediate_size, bias=bias, dtype=dtype, device=device
         )
@@ -137,4 +163,7 @@ class SwiGLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}"

@@ -1,10 +1,16 @@
-"""The Llama-family causal LM (Llama, Qwen2, Qwen3, Mistral) over a paged KV cache.
+"""The Llama-family causal LM (Llama, Qwen2, Qwen3, Mistral, Gemma 3) over a paged KV cache.
 
 Tokens of all requests in a batch are flattened into one [num_tokens, hidden] tensor; the
 attention backend is the only part that knows which tokens belong to which request. Each
 attention layer computes q, k and v with one fused projection, applies rope, and hands
 q [num_tokens, num_heads, head_dim] and k/v [num_tokens, num_kv_heads, head_dim] to
 `backend.forward`, which stores k/v in the cache and returns the attention output.
+
+Gemma 3 is the same decoder with switches from `ModelArchConfig`: (1 + w) norms, a norm
+on each sub-layer's output as well as its input ("sandwich" norms), a GELU-tanh MLP, scaled
+token embeddings, a rope of its own for the sliding-window layers and final logit
+soft-capping. Its attention scale (query_pre_attn_scalar) and windows reach the backend
+through the `AttentionLayer`s.
 
 Parameters are allocated without initial values; a loader fills every one of them
 (see `plugserve.model.weights`).
@@ -23,9 +29,9 @@ from plugserve.model.arch import ModelArchConfig
 from plugserve.model.layers import (
     Device,
     Embedding,
+    GatedMLP,
     Linear,
     RMSNorm,
-    SwiGLUMLP,
     matmul_weight,
 )
 from plugserve.model.rope import RotaryEmbedding, apply_rope
@@ -66,8 +72,8 @@ class Attention(nn.Module):
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if arch.qk_norm:
-            self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, dtype=dtype, device=device)
-            self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, dtype=dtype, device=device)
+            self.q_norm = _norm(arch, arch.head_dim, dtype, device)
+            self.k_norm = _norm(arch, arch.head_dim, dtype, device)
 
     def forward(
         self,
@@ -93,17 +99,26 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks. With `arch.sandwich_norms` (Gemma 3) the names are
+    HF Gemma's: post_attention_layernorm norms the attention output, pre_feedforward_layernorm
+    the MLP input and post_feedforward_layernorm the MLP output; otherwise (Llama)
+    post_attention_layernorm is the norm of the MLP input."""
+
     def __init__(
         self, arch: ModelArchConfig, layer: AttentionLayer, dtype: torch.dtype, device: Device
     ) -> None:
         super().__init__()
-        eps = arch.rms_norm_eps
-        self.input_layernorm = RMSNorm(arch.hidden_size, eps, dtype=dtype, device=device)
+        self.input_layernorm = _norm(arch, arch.hidden_size, dtype, device)
         self.self_attn = Attention(arch, layer, dtype, device)
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, eps, dtype=dtype, device=device)
-        self.mlp = SwiGLUMLP(
+        self.post_attention_layernorm = _norm(arch, arch.hidden_size, dtype, device)
+        self.pre_feedforward_layernorm: RMSNorm | None = None
+        self.post_feedforward_layernorm: RMSNorm | None = None
+        if arch.sandwich_norms:
+            self.pre_feedforward_layernorm = _norm(arch, arch.hidden_size, dtype, device)
+            self.post_feedforward_layernorm = _norm(arch, arch.hidden_size, dtype, device)
+        self.mlp = GatedMLP(
             arch.hidden_size, arch.intermediate_size, bias=arch.mlp_bias, dtype=dtype,
-            device=device,
+            device=device, activation=arch.hidden_act,
         )
 
     def forward(
@@ -114,14 +129,25 @@ class DecoderLayer(nn.Module):
         forward_batch: ForwardBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(
-            self.input_layernorm(hidden), cos, sin, forward_batch, backend
-        )
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attn = self.self_attn(self.input_layernorm(hidden), cos, sin, forward_batch, backend)
+        pre_mlp, post_mlp = self.pre_feedforward_layernorm, self.post_feedforward_layernorm
+        if pre_mlp is None or post_mlp is None:
+            hidden = hidden + attn
+            return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        hidden = hidden + self.post_attention_layernorm(attn)
+        return hidden + post_mlp(self.mlp(pre_mlp(hidden)))
+
+
+def _norm(arch: ModelArchConfig, size: int, dtype: torch.dtype, device: Device) -> RMSNorm:
+    return RMSNorm(
+        size, arch.rms_norm_eps, dtype=dtype, device=device, unit_offset=arch.norm_unit_offset
+    )
 
 
 class CausalLM(nn.Module):
     """A Llama-family decoder with an LM head; `arch` says which variant."""
+
+    embed_scale: torch.Tensor | None
 
     def __init__(
         self,
@@ -137,7 +163,7 @@ class CausalLM(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(arch, layer, dtype, device) for layer in arch.attention_layers()
         )
-        self.final_norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype=dtype, device=device)
+        self.final_norm = _norm(arch, arch.hidden_size, dtype, device)
         self.lm_head: Linear | None = None
         if not arch.tie_word_embeddings:
             self.lm_head = Linear(
@@ -146,6 +172,21 @@ class CausalLM(nn.Module):
         self.rotary = RotaryEmbedding(
             arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling,
             dtype=dtype, device=device,
+        )
+        # The sliding-window layers' own rope (Gemma 3), if they have one.
+        self.local_rotary: RotaryEmbedding | None = None
+        if arch.local_rope_theta is not None:
+            self.local_rotary = RotaryEmbedding(
+                arch.head_dim, arch.max_position_embeddings, arch.local_rope_theta,
+                arch.local_rope_scaling, dtype=dtype, device=device,
+            )
+        self.uses_local_rope = [arch.layer_uses_local_rope(i) for i in range(len(self.layers))]
+        # Gemma multiplies the embeddings by sqrt(hidden_size) rounded to the model dtype.
+        scale = None
+        if arch.embedding_scale != 1.0:
+            scale = torch.tensor(arch.embedding_scale, dtype=torch.float32).to(dtype)
+        self.register_buffer(
+            "embed_scale", None if scale is None else scale.to(device), persistent=False
         )
 
     @property
@@ -160,17 +201,29 @@ class CausalLM(nn.Module):
         return self.lm_head.weight
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids)
+        """The decoder's input for `input_ids` (scaled embeddings where the arch scales)."""
+        hidden = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            hidden = hidden * self.embed_scale
+        return hidden
 
     def compute_logits(self, hidden_after_norm: torch.Tensor) -> torch.Tensor:
-        """float32 vocab logits for hidden states that already went through `final_norm`."""
+        """float32 vocab logits for hidden states that already went through `final_norm`
+        (soft-capped where the arch caps them)."""
         weight = matmul_weight(self.lm_head_weight)
-        return F.linear(hidden_after_norm.to(weight.dtype), weight).float()
+        logits = F.linear(hidden_after_norm.to(weight.dtype), weight).float()
+        cap = self.arch.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def forward(self, forward_batch: ForwardBatch, backend: AttentionBackend) -> CausalLMOutput:
-        cos, sin = self.rotary(forward_batch.positions)
-        hidden = self.embed_tokens(forward_batch.input_ids)
-        for layer in self.layers:
+        ropes = [self.rotary(forward_batch.positions)]
+        if self.local_rotary is not None:
+            ropes.append(self.local_rotary(forward_batch.positions))
+        hidden = self.embed(forward_batch.input_ids)
+        for layer, local in zip(self.layers, self.uses_local_rope, strict=True):
+            cos, sin = ropes[1] if local else ropes[0]
             hidden = layer(hidden, cos, sin, forward_batch, backend)
         every_token = hidden
         if forward_batch.logits_indices is not None:

@@ -61,12 +61,11 @@ def weight_plan(arch: ModelArchConfig) -> dict[str, WeightTarget]:
     plan = {"model.embed_tokens.weight": WeightTarget("embed_tokens.weight", 0, None)}
     for i in range(arch.num_hidden_layers):
         hf, ours = f"model.layers.{i}", f"layers.{i}"
-        plan[f"{hf}.input_layernorm.weight"] = WeightTarget(
-            f"{ours}.input_layernorm.weight", 0, None
-        )
-        plan[f"{hf}.post_attention_layernorm.weight"] = WeightTarget(
-            f"{ours}.post_attention_layernorm.weight", 0, None
-        )
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if arch.sandwich_norms:  # Gemma 3; our modules carry HF's names
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        for norm in norms:
+            plan[f"{hf}.{norm}.weight"] = WeightTarget(f"{ours}.{norm}.weight", 0, None)
         plan.update(_attention_plan(arch, f"{hf}.self_attn", f"{ours}.self_attn"))
         plan.update(_mlp_plan(arch, f"{hf}.mlp", f"{ours}.mlp"))
     plan["model.norm.weight"] = WeightTarget("final_norm.weight", 0, None)

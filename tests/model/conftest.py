@@ -74,6 +74,23 @@ TINY_KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}),
     "mistral_swa": ("MistralConfig", {"sliding_window": 4}),
+    # 5 local : 1 global layers, head_dim != hidden / heads, attention scale from
+    # query_pre_attn_scalar, a local rope base, linear scaling on the global layer and
+    # final logit soft-capping low enough to bend these logits.
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            "num_hidden_layers": 6,
+            "head_dim": 32,
+            "sliding_window": 4,
+            "query_pre_attn_scalar": 24,
+            "rope_theta": 1_000_000.0,
+            "rope_local_base_freq": 10_000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            "final_logit_softcapping": 5.0,
+            "tie_word_embeddings": True,
+        },
+    ),
 }
 
 

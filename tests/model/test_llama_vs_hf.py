@@ -66,6 +66,7 @@ def test_sliding_window_layers_are_read_from_the_config(tiny_models: Models) -> 
     assert _load(tiny_models["qwen2_swa"][0]).arch.layer_sliding_window == (None, 4)
     assert _load(tiny_models["mistral_swa"][0]).arch.layer_sliding_window == (4, 4)
     assert _load(tiny_models["llama"][0]).arch.layer_sliding_window == (None, None)
+    assert _load(tiny_models["gemma3"][0]).arch.layer_sliding_window == (4,) * 5 + (None,)
 
 
 def test_logits_rows_and_captured_hidden_states(tiny_models: Models) -> None:
