@@ -1,4 +1,4 @@
-"""Built-in plugin: the reference attention backend and the two core cache policies.
+"""Built-in plugin: the reference attention backend and the core cache policies.
 
 Registered through exactly the same hooks as external plugins; it is essential and cannot be
 disabled.
@@ -31,10 +31,16 @@ def _radix() -> Any:
     return RadixCache
 
 
-def _streaming_session() -> Any:
-    from plugserve.cache.radix import RadixCache
+def _swa_radix() -> Any:
+    from plugserve.cache.swa_radix import SWARadixCache
 
-    return RadixCache
+    return SWARadixCache
+
+
+def _streaming_session() -> Any:
+    from plugserve.cache.swa_radix import SWARadixCache  # exactly radix without a SWA pool
+
+    return SWARadixCache
 
 
 def _no_cache() -> Any:
@@ -61,16 +67,23 @@ def plugserve_register_attention_backends(register: RegisterAttentionBackend) ->
 def plugserve_register_cache_policies(register: RegisterCachePolicy) -> None:
     register("radix", _radix, CachePolicyCapabilities(), description="page-aligned radix tree")
     register(
+        "swa_radix",
+        _swa_radix,
+        CachePolicyCapabilities(sliding_window=True),
+        description="radix tree for sliding-window models: SWA KV tombstoned on its own, "
+        "matches only where the last window is intact",
+    )
+    register(
         "streaming_session",
         _streaming_session,
-        CachePolicyCapabilities(sessions=True),
+        CachePolicyCapabilities(sessions=True, sliding_window=True),
         description="radix, plus streaming sessions that keep a conversation's KV between "
         "turns (a first turn may share a prefix through the tree; later turns bypass it)",
     )
     register(
         "none",
         _no_cache,
-        CachePolicyCapabilities(prefix_sharing=False),
+        CachePolicyCapabilities(prefix_sharing=False, sliding_window=True),
         description="no prefix cache: every request's KV is freed when it ends",
     )
 

@@ -48,6 +48,17 @@ class EngineConfig(BaseSettings):
         default=None, ge=1, description="KV slots per pool (tokens); None = sized from context"
     )
     context_len: int | None = Field(default=None, ge=2, description="max tokens per request")
+    # Hybrid sliding-window models (plugserve.mem.swa_pool): windowed layers' KV in its own pool.
+    swa_pools: bool = Field(
+        default=True,
+        description="give a sliding-window model's windowed layers their own KV pool that "
+        "frees what falls out of the window; False = one full pool with a window mask",
+    )
+    swa_pool_tokens: int | None = Field(
+        default=None,
+        description="KV slots of the sliding-window pool; None = max_running_requests x "
+        "(window + speculative reserve + 2 pages) + one prefill chunk, capped by the full pool",
+    )
 
     # Scheduling.
     chunked_prefill_size: int = Field(
@@ -80,6 +91,16 @@ class EngineConfig(BaseSettings):
     @classmethod
     def _split_reverts(cls, value: Any) -> frozenset[str]:
         return parse_reverts(value)
+
+    @field_validator("swa_pool_tokens")
+    @classmethod
+    def _positive_swa_pool(cls, value: int | None) -> int | None:
+        if value is not None and (isinstance(value, bool) or value <= 0):
+            raise ValueError(
+                f"swa_pool_tokens must be a positive number of KV slots (or unset for the "
+                f"default size), got {value!r}"
+            )
+        return value
 
     @field_validator("device")
     @classmethod

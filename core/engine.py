@@ -10,14 +10,13 @@ from typing import Any
 import pluggy
 import torch
 
+import plugserve.cache.swa_radix  # noqa: F401  (declares its fix toggle before start-up checks)
 from plugserve.attention.base import AttentionContext
 from plugserve.config import EngineConfig
 from plugserve.device import device_problems
 from plugserve.fixes import unknown_reverts
-from plugserve.mem.allocator import PagedAllocator, ceil_align
-from plugserve.mem.kv_pool import KVPool
-from plugserve.mem.manager import KVManager
-from plugserve.mem.req_to_token import ReqToTokenPool
+from plugserve.mem.allocator import ceil_align
+from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
 from plugserve.outputs import GenerateResult, StreamEvent, generate_result
@@ -29,8 +28,6 @@ from plugserve.sampling import SamplingParams, is_int
 from plugserve.sched.req import Req
 from plugserve.sched.scheduler import Scheduler
 from plugserve.spec.base import SpecAlgorithm, SpecContext, SpecFootprint
-
-DEFAULT_KV_BYTES = 2 << 30  # KV pool budget when kv_pool_tokens is not given
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -87,8 +84,11 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         arch = self.arch
         registries = self.host.registries
-        # Now that the model is known: can the selected plugins run its sliding windows?
+        # Now that the model is known: can the selected plugins run its sliding windows? The
+        # default cache policy becomes swa_radix for them (radix named explicitly is refused).
         if arch.sliding_window_layer_ids:
+            if cfg.cache == "radix" and "cache" not in cfg.model_fields_set:
+                cfg = self.config = cfg.model_copy(update={"cache": "swa_radix"})
             _refuse(validate_config(cfg, registries, sliding_window=True))
         spec_cls = registries.spec.get(cfg.spec).load() if cfg.spec != "none" else None
         footprint: SpecFootprint | None = spec_cls.plan_footprint(cfg) if spec_cls else None
@@ -98,41 +98,28 @@ class Engine:
         spec_margin = cfg.spec_steps + 1 if footprint is not None else 0
         self.context_len = min(cfg.context_len or arch.max_position_embeddings,
                                arch.max_position_embeddings - spec_margin)
-        page = cfg.page_size
-        bytes_per_token = (
-            arch.num_hidden_layers * 2 * arch.num_key_value_heads * arch.head_dim
-            * torch.finfo(self.dtype).bits // 8
-        )
-        pool_tokens = cfg.kv_pool_tokens or min(
-            cfg.max_running_requests * self.context_len, DEFAULT_KV_BYTES // bytes_per_token
-        )
-        num_pages = max(1, pool_tokens // page)
-
+        backend_cls = registries.attention.get(cfg.attention).load()
         self.hook_pm = self._lifecycle_plugins()
-        extra = footprint.extra_row_width if footprint is not None else 0
-        row_width = ceil_align(self.context_len + 2 + extra, page) + page
-        rows = ReqToTokenPool(cfg.max_running_requests, row_width, self.device)
-        allocator = PagedAllocator(num_pages, page)
-        layers = arch.attention_layers()
-        self.kv_pool = KVPool(
-            num_pages=num_pages, page_size=page, layer_ids=[layer.layer_id for layer in layers],
-            num_kv_heads=arch.num_key_value_heads, head_dim=arch.head_dim, dtype=self.dtype,
-            device=self.device,
-        )
-        self.backend = registries.attention.get(cfg.attention).load()(
+        try:
+            memory = build_kv_memory(
+                cfg, arch, dtype=self.dtype, device=self.device, context_len=self.context_len,
+                backend_cls=backend_cls, cache_entry=registries.cache.get(cfg.cache),
+                footprint=footprint,
+            )
+        except KVSizeError as exc:
+            _refuse(exc.reasons)
+            raise
+        self.kv, self.kv_pool = memory.kv, memory.kv_pool
+        self.swa_layer_ids = memory.swa_layer_ids
+        num_pages, rows = memory.num_pages, memory.kv.rows
+        self.backend = backend_cls(
             AttentionContext(
                 num_heads=arch.num_attention_heads, num_kv_heads=arch.num_key_value_heads,
-                head_dim=arch.head_dim, page_size=page, max_batch_size=cfg.max_running_requests,
-                context_len=self.context_len, dtype=self.dtype, device=self.device,
-                spec_topk=cfg.spec_topk,
+                head_dim=arch.head_dim, page_size=cfg.page_size,
+                max_batch_size=cfg.max_running_requests, context_len=self.context_len,
+                dtype=self.dtype, device=self.device, spec_topk=cfg.spec_topk,
+                revert_fixes=cfg.revert_fixes,
             )
-        )
-        cache_entry = registries.cache.get(cfg.cache)
-        self.kv = KVManager(
-            rows=rows, allocator=allocator, cache=cache_entry.load()(rows, allocator, page),
-            prefix_sharing=cache_entry.capabilities.prefix_sharing,
-            sessions=cache_entry.capabilities.sessions,
-            revert_fixes=cfg.revert_fixes,
         )
         self.runner = ModelRunner(self.model, self.backend, self.kv_pool, rows,
                                   self.context_len, self.device)

@@ -296,6 +296,18 @@ def validate_config(
         reasons += _attention_reasons(
             config, registries.attention.get(config.attention), sliding_window
         )
+    # A cache policy named explicitly must support windows; the default (`radix`, not set)
+    # is resolved by the engine to `swa_radix` for a windowed model.
+    if sliding_window and "cache" in config.model_fields_set and config.cache in registries.cache:
+        cache = registries.cache.get(config.cache)
+        caps = cache.capabilities or CachePolicyCapabilities()
+        if not caps.sliding_window:
+            windowed = sorted(e.name for e in registries.cache
+                              if (e.capabilities or CachePolicyCapabilities()).sliding_window)
+            reasons.append(
+                f"the model has sliding-window layers; cache policy {config.cache!r} does not "
+                f"support sliding windows; use one that does: {', '.join(windowed) or 'none'}"
+            )
     if config.spec != "none" and config.spec in registries.spec:
         reasons += _spec_reasons(config, registries.spec.get(config.spec))
     if config.mem_check > 0 and len(registries.checkers) == 0:

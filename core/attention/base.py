@@ -72,6 +72,9 @@ class AttentionContext:
     dtype: torch.dtype
     device: torch.device
     spec_topk: int = 1
+    # Fix toggles requested at start-up (EngineConfig.revert_fixes): a backend that owns a
+    # toggle reads it here, never from the environment.
+    revert_fixes: frozenset[str] = frozenset()
 
 
 class AttentionBackend(ABC):

@@ -35,6 +35,8 @@ class TorchNativeMetadata:
 
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
+    # Reads a windowed layer's KV through `kv_pool.slots_for_layer` (separate SWA pool).
+    swa_slot_translation = True
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
@@ -98,11 +100,13 @@ class TorchNativeBackend(AttentionBackend):
         dtype = _attention_dtype(q)
         for i, ext_len in enumerate(fb.extend_seq_lens_cpu):
             start = meta.query_starts[i]
-            slots = meta.kv_slots[i]
+            slots = fb.kv_pool.slots_for_layer(layer.layer_id, meta.kv_slots[i])
             mask = meta.masks[i]
             if layer.sliding_window is not None:
-                mask = mask & self._window_mask(mask.shape[1], fb.extend_prefix_lens_cpu[i],
-                                                ext_len, layer.sliding_window, q.device)
+                mask = mask & self._window_mask(
+                    fb.extend_prefix_lens_cpu[i], fb.positions[start : start + ext_len],
+                    layer.sliding_window,
+                )
             qi = q[start : start + ext_len].to(dtype).transpose(0, 1)  # [H, E, D]
             ki = k_buf.index_select(0, slots).to(dtype).transpose(0, 1)  # [KVH, S, D]
             vi = v_buf.index_select(0, slots).to(dtype).transpose(0, 1)
@@ -122,7 +126,7 @@ class TorchNativeBackend(AttentionBackend):
         assert meta.padded_slots is not None and meta.padded_valid is not None
         assert meta.padded_key_pos is not None and meta.kv_lens is not None
         # index_select on the flattened table is many times faster than fancy indexing.
-        flat = meta.padded_slots.reshape(-1)
+        flat = fb.kv_pool.slots_for_layer(layer.layer_id, meta.padded_slots.reshape(-1))
         shape = (*meta.padded_slots.shape, layer.num_kv_heads, layer.head_dim)
         dtype = _attention_dtype(q)
         k = fb.kv_pool.get_k(layer.layer_id).index_select(0, flat).view(shape).to(dtype)
@@ -142,12 +146,13 @@ class TorchNativeBackend(AttentionBackend):
         return out.squeeze(2).to(q.dtype)
 
     @staticmethod
-    def _window_mask(
-        seq_len: int, prefix_len: int, ext_len: int, window: int, device: torch.device
-    ) -> torch.Tensor:
-        q_pos = torch.arange(prefix_len, prefix_len + ext_len, device=device)
-        k_pos = torch.arange(seq_len, device=device)
-        return k_pos[None, :] > q_pos[:, None] - window
+    def _window_mask(prefix_len: int, new_positions: torch.Tensor, window: int) -> torch.Tensor:
+        """[new, prefix + new]: a key is inside a query's window by token *position*. In a
+        tree verify the new tokens sit at prefix + depth, not prefix + their index: a node
+        after the first branch would otherwise lose prefix keys its path still sees."""
+        new_positions = new_positions.to(torch.int64)
+        k_pos = torch.cat([torch.arange(prefix_len, device=new_positions.device), new_positions])
+        return k_pos[None, :] > new_positions[:, None] - window
 
 
 def _attention_dtype(q: torch.Tensor) -> torch.dtype:

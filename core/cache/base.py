@@ -30,6 +30,10 @@ class MatchResult:
 
 
 class PrefixCache(ABC):
+    # Whether a running request's aligned prefix is inserted (and locked) after each chunk
+    # and after its prefill; False = only when it finishes.
+    caches_unfinished: bool = True
+
     def __init__(
         self, req_to_token_pool: ReqToTokenPool, allocator: PagedAllocator, page_size: int
     ) -> None:
@@ -65,6 +69,11 @@ class PrefixCache(ABC):
     def reset(self) -> None:
         """Drop every unlocked entry (used when the engine is flushed)."""
         self.evict(self.evictable_size())
+
+    def path_size(self, nodes: list[Any]) -> int:
+        """Slots on the union of the paths from the root to `nodes` (what locking each of
+        them protects); a policy that keeps nothing returns 0."""
+        return 0
 
     def cached_slots(self) -> list[torch.Tensor]:
         """Every slot the cache holds (for physical checks); a policy that keeps nothing

@@ -152,6 +152,16 @@ class RadixCache(PrefixCache):
     def protected_size(self) -> int:
         return self._protected
 
+    def path_size(self, nodes: list[Any]) -> int:
+        seen: set[int] = set()
+        total = 0
+        for node in nodes:
+            while node is not None and node is not self.root and id(node) not in seen:
+                seen.add(id(node))
+                total += len(node.key)
+                node = node.parent
+        return total
+
     def cached_slots(self) -> list[torch.Tensor]:
         """Every slot the tree holds (for physical checks)."""
         out, stack = [], [self.root]

@@ -19,6 +19,10 @@ def no_slots() -> int:
     return 0
 
 
+def no_eviction(num_tokens: int) -> int:
+    return 0
+
+
 def _protected_prefix(req: Req) -> int:
     return req.cache_protected_len
 
@@ -70,6 +74,9 @@ class AccountedPool:
     req_not_owned_prefix: Callable[[Req], int] = _protected_prefix
     # KV parked in session slots that are not lent to a request in a batch.
     session_held: Callable[[], int] = no_slots
+    # Ask the prefix cache to free at least this many of the pool's slots (LRU); returns
+    # slots freed. Full eviction removes entries; SWA eviction tombstones their SWA pages.
+    evict: Callable[[int], int] = no_eviction
 
     @property
     def total(self) -> int:

@@ -28,6 +28,7 @@ class PagedAllocator:
         self.page_size = page_size
         self.free_pages: list[int] = list(range(num_pages, 0, -1))  # pop() gives low pages first
         self.on_free: list[object] = []  # test doubles may watch frees
+        self.peak_used_pages = 0  # most pages ever handed out at once (benchmarks, tests)
 
     @property
     def total_slots(self) -> int:
@@ -45,6 +46,7 @@ class PagedAllocator:
         taken = self.free_pages[-num_pages:]
         del self.free_pages[-num_pages:]
         taken.reverse()
+        self.peak_used_pages = max(self.peak_used_pages, self.num_pages - len(self.free_pages))
         return taken
 
     def extend_slots(self, last_slot: int, old_len: int, new_len: int) -> list[int] | None:

@@ -44,6 +44,15 @@ class KVPool:
         self.k_buffer[layer_id].index_copy_(0, loc, k.to(self.dtype))
         self.v_buffer[layer_id].index_copy_(0, loc, v.to(self.dtype))
 
+    def slots_for_layer(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:
+        """The buffer slots holding the KV of `slots` for `layer_id`: the same slots here (a
+        `HybridKVPool` translates its windowed layers' slots)."""
+        return slots
+
+    def is_windowed(self, layer_id: int) -> bool:
+        """True when `layer_id` keeps its KV in a separate sliding-window pool."""
+        return False
+
     def get_k(self, layer_id: int) -> torch.Tensor:
         return self.k_buffer[layer_id]
 

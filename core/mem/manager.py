@@ -30,6 +30,8 @@ from plugserve.mem.allocator import PagedAllocator, ceil_align, floor_align
 from plugserve.mem.req_to_token import ReqToTokenPool
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionStore
+from plugserve.mem.swa_pool import HybridAllocator
+from plugserve.mem.swa_window import SWAWindow
 from plugserve.sched.req import Req
 
 FINISH_OVERALLOC_UNALIGNED = declare_fix_toggle(
@@ -51,6 +53,7 @@ class KVManager:
         prefix_sharing: bool,
         sessions: bool = False,
         revert_fixes: frozenset[str] = frozenset(),
+        sliding_window: int | None = None,
     ) -> None:
         self.rows = rows
         self.cache = cache
@@ -64,8 +67,24 @@ class KVManager:
         self.full = AccountedPool(
             "full", allocator, cache.evictable_size, cache.protected_size,
             session_held=(lambda: store.held_slots(self.page_size)) if store else no_slots,
+            evict=cache.evict,
         )
         self.pools: list[AccountedPool] = [self.full]
+        # A hybrid sliding-window model: its windowed layers' KV lives in a second, accounted
+        # pool whose pages map 1:1 onto full pages (plugserve.mem.swa_pool).
+        self.swa_window: SWAWindow | None = None
+        if isinstance(allocator, HybridAllocator):
+            assert sliding_window is not None, "a SWA pool needs the model's window"
+            self.swa_window = SWAWindow(allocator, rows, sliding_window, revert_fixes)
+            self.pools.append(AccountedPool(
+                "swa", allocator.swa,
+                getattr(cache, "swa_evictable_size", no_slots),
+                getattr(cache, "swa_protected_size", no_slots),
+                req_not_owned_prefix=self.swa_window.not_owned_prefix,
+                session_held=(lambda: store.held_swa_slots(self.page_size)) if store
+                else no_slots,
+                evict=getattr(cache, "evict_swa", self.full.evict),
+            ))
         self._overalloc_from_committed = FINISH_OVERALLOC_UNALIGNED in revert_fixes
         self._retract_keeps_lengths = RETRACT_NO_RESET in revert_fixes
 
@@ -141,11 +160,20 @@ class KVManager:
 
     # --- allocation -----------------------------------------------------------------------
     def ensure_free_pages(self, num_pages: int) -> bool:
-        """Make `num_pages` free pages, evicting unlocked cache entries if needed."""
-        short = num_pages * self.page_size - self.allocator.available_size()
-        if short > 0:
-            self.cache.evict(short)
-        return self.allocator.available_size() >= num_pages * self.page_size
+        """Make `num_pages` free pages in every pool (a full page takes a SWA page too),
+        evicting unlocked cache entries if needed."""
+        need = num_pages * self.page_size
+        for pool in self.pools:
+            short = need - pool.allocator.available_size()
+            if short > 0:
+                pool.evict(short)
+        return all(pool.allocator.available_size() >= need for pool in self.pools)
+
+    def evict_out_of_window(self, reqs: list[Req]) -> None:
+        """Free the SWA KV that fell out of live requests' windows (no-op without a SWA
+        pool). The scheduler calls it before it builds each batch."""
+        if self.swa_window is not None:
+            self.swa_window.evict(reqs)
 
     def pages_to_grow(self, req: Req, new_allocated_len: int) -> int:
         """New pages the request needs to reach `new_allocated_len` allocated slots."""
@@ -172,13 +200,16 @@ class KVManager:
 
     def extend(self, req: Req, extend_len: int) -> list[int] | None:
         """Slots for a prefill chunk of `extend_len` tokens after the committed KV."""
+        prefix = req.kv_allocated_len
         slots = self._grow(req, req.kv_allocated_len + extend_len)
         if slots is not None:
             req.kv_committed_len = req.kv_allocated_len
+            req.swa_read_from = prefix  # the chunk's first query
         return slots
 
     def claim_decode(self, req: Req) -> int:
         """Claim the slot the next decode forward writes (committed += 1, allocated += 1)."""
+        req.swa_read_from = req.kv_allocated_len  # the decode's one query
         slots = self._grow(req, req.kv_allocated_len + 1)
         if slots is None:
             raise RuntimeError(f"no free slot for the decode of {req}; room is made first")
@@ -197,6 +228,9 @@ class KVManager:
 
     def reserve(self, req: Req, allocated_len: int) -> None:
         """Keep at least `allocated_len` slots allocated (a speculative round's reserve)."""
+        # The round verifies from the committed length (under overlap it starts no earlier
+        # than this, resolved one round late); one position earlier to be safe.
+        req.swa_read_from = max(req.kv_committed_len - 1, 0)
         if allocated_len > req.kv_allocated_len and self._grow(req, allocated_len) is None:
             raise RuntimeError(f"no room for the reserve of {req}; room is made first")
 
@@ -254,6 +288,8 @@ class KVManager:
         session, not the cache."""
         if not self.prefix_sharing or req.session_id is not None:
             return
+        if not self.cache.caches_unfinished:
+            return  # e.g. swa_radix: a lock on the prompt would pin its whole SWA KV
         row = req.req_pool_idx
         assert row is not None
         aligned = floor_align(req.kv_committed_len, self.page_size)

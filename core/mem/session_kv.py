@@ -9,6 +9,10 @@
     close        close_session / timeout: everything the slot owns is freed, its lock and row
                  given back
 
+Hybrid sliding-window models: the slot keeps `swa_evicted_seqlen`; a slot left without its
+last window of SWA KV (rewound before it, or a turn gave back what it had freed) gives its
+KV back, and the next turn recomputes (`_keep_window`).
+
 A first turn (the slot has no row yet) is admitted like any request and may share a prefix
 through the prefix cache; later turns bypass tree matching. Session turns never insert into
 the prefix cache: the slot owns their KV.
@@ -90,9 +94,25 @@ class SessionKV:
             kv.cache.dec_lock_ref(slot.last_node)
             slot.last_node = match.node
             slot.cache_protected_len = slot.kv_committed_len = match.length
+            # Its own pages are gone: nothing of its own fell out of the window either.
+            slot.swa_evicted_seqlen = min(slot.swa_evicted_seqlen, match.length)
+            self._keep_window(slot)
             return
         slot.kv_committed_len = min(slot.kv_committed_len, offset)
         kv.allocator.free_slots(row[ceil_align(slot.kv_committed_len, page) : held].clone())
+        self._keep_window(slot)
+
+    def _keep_window(self, slot: SessionSlot) -> None:
+        """Hybrid sliding-window model: a slot whose last window of SWA KV is gone (rewound
+        before it, or a turn that gave back what it had freed) cannot be continued; its KV,
+        lock and row are given back and the next turn is admitted afresh (it may match the
+        prefix cache), recomputing the conversation."""
+        window = self.kv.swa_window
+        if window is None or slot.row is None or window.window_intact(slot.row,
+                                                                       slot.kv_committed_len):
+            return
+        self._drop_kv(slot)
+        slot.kv_committed_len = slot.cache_protected_len = slot.swa_evicted_seqlen = 0
 
     # --- admission and the turn's end -----------------------------------------------------
     def lend(self, req: Req) -> bool:
@@ -106,6 +126,7 @@ class SessionKV:
         req.last_node = slot.last_node
         req.cache_protected_len = slot.cache_protected_len
         req.kv_committed_len = req.kv_allocated_len = slot.kv_committed_len
+        req.swa_evicted_seqlen = slot.swa_evicted_seqlen
         if req.retract_count == 0:
             req.cached_tokens = slot.kv_committed_len
         slot.lent = True
@@ -122,6 +143,7 @@ class SessionKV:
         slot.row = row
         slot.kv_committed_len = req.kv_committed_len
         slot.cache_protected_len = req.cache_protected_len
+        slot.swa_evicted_seqlen = req.swa_evicted_seqlen
         slot.last_node = req.last_node
         slot.token_ids = list(req.all_ids)
         self._end_turn(slot, req)
@@ -135,9 +157,13 @@ class SessionKV:
             start = ceil_align(slot.kv_committed_len, self.kv.page_size)
             tail = self.kv.rows.req_to_token[slot.row, start : req.kv_allocated_len].clone()
             self.kv.allocator.free_slots(tail)
+        # The turn may have freed SWA pages of the slot's own KV out of its window.
+        slot.swa_evicted_seqlen = max(slot.swa_evicted_seqlen, min(
+            req.swa_evicted_seqlen, ceil_align(slot.kv_committed_len, self.kv.page_size)))
         slot.lent = False
         req.req_pool_idx = None
         req.last_node = None
+        self._keep_window(slot)
         if retract:
             return
         req.kv_committed_freed = req.kv_overallocated_freed = True
@@ -163,6 +189,12 @@ class SessionKV:
         slot = self.store.slots.get(req.session_id or "")
         return slot is not None and slot.row is not None and slot.row == req.req_pool_idx
 
+    def locked_prefix_slots(self) -> int:
+        """Cached slots the open slots keep locked between turns (their first turn's matched
+        prefix): at idle, the only slots the cache may still protect."""
+        nodes = [s.last_node for s in self.store.slots.values() if s.row is not None]
+        return self.kv.cache.path_size(nodes)
+
     # --- closing --------------------------------------------------------------------------
     def close(self, session_id: object) -> None:
         slot = self.store.get(session_id)
@@ -171,6 +203,11 @@ class SessionKV:
                 f"session {slot.session_id} has a turn in progress (request {slot.turn_rid}); "
                 "abort it or wait for it before closing the session"
             )
+        self._drop_kv(slot)
+        del self.store.slots[slot.session_id]
+
+    def _drop_kv(self, slot: SessionSlot) -> None:
+        """Give back everything the slot owns: its pages, its cache lock, its row."""
         if slot.row is not None:
             kv = self.kv
             kv.allocator.free_slots(  # whole pages through the committed length
@@ -179,7 +216,8 @@ class SessionKV:
             )
             kv.cache.dec_lock_ref(slot.last_node)
             kv.rows.free(slot.row)
-        del self.store.slots[slot.session_id]
+            slot.row = None
+            slot.last_node = None
 
     def reap(self, now: float | None = None) -> list[str]:
         """Close every idle session past its timeout; returns their ids."""

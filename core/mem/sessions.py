@@ -36,12 +36,22 @@ class SessionSlot:
     last_node: Any = None  # the prefix-cache node locked for it
     turn_rid: int | None = None  # the request of the turn in progress (queued or running)
     lent: bool = False  # its row and KV are lent to that request (in a batch)
+    # Hybrid sliding-window models: SWA KV below this was freed out of the window.
+    swa_evicted_seqlen: int = 0
 
     def held_slots(self, page_size: int) -> int:
         """KV slots the slot owns outright (whole pages past the cache's prefix)."""
         if self.row is None:
             return 0
         return ceil_align(self.kv_committed_len, page_size) - self.cache_protected_len
+
+    def held_swa_slots(self, page_size: int) -> int:
+        """SWA slots the slot owns: its pages past the cache's prefix and past what fell out
+        of the window."""
+        if self.row is None:
+            return 0
+        return ceil_align(self.kv_committed_len, page_size) - max(
+            self.cache_protected_len, self.swa_evicted_seqlen)
 
 
 class SessionStore:
@@ -80,6 +90,11 @@ class SessionStore:
     def held_slots(self, page_size: int) -> int:
         """The law's `session_held`: KV of slots not lent to a request in a batch."""
         return sum(s.held_slots(page_size) for s in self.slots.values()
+                   if self.count_lent_too or not s.lent)
+
+    def held_swa_slots(self, page_size: int) -> int:
+        """The SWA pool's `session_held` (same rule as `held_slots`)."""
+        return sum(s.held_swa_slots(page_size) for s in self.slots.values()
                    if self.count_lent_too or not s.lent)
 
     def held_rows(self) -> int:

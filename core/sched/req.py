@@ -33,6 +33,11 @@ class Req:
         self.kv_committed_len = 0  # positions holding valid KV
         self.kv_allocated_len = 0  # slots reserved in the row (>= committed)
         self.cache_protected_len = 0  # page-aligned prefix owned and locked by the cache
+        # Hybrid sliding-window models (plugserve.mem.swa_window): SWA KV of positions below
+        # this (page-aligned, only grows) was freed; and the first position the most recently
+        # prepared forward queries (its window reaches back from there).
+        self.swa_evicted_seqlen = 0
+        self.swa_read_from = 0
         # Set by the two halves of a release (committed KV, then over-allocation); they must
         # agree whenever a step ends (the checker's seed rule).
         self.kv_committed_freed = False
@@ -90,6 +95,8 @@ class Req:
         self.kv_committed_len = 0
         self.kv_allocated_len = 0
         self.cache_protected_len = 0
+        self.swa_evicted_seqlen = 0
+        self.swa_read_from = 0
         self.kv_committed_freed = False
         self.kv_overallocated_freed = False
         self.extend_input_len = 0

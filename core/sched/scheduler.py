@@ -71,7 +71,6 @@ class Scheduler:
         self._resolved_early: ScheduleBatch | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self.step_time_s: collections.defaultdict[str, float] = collections.defaultdict(float)
-        self.finished_reqs: list[Req] = []  # filled each step, drained by the engine
         self.spec = spec
         self.spec_kv = (
             SpecAccounting(kv, spec.footprint, overlap=config.overlap,
@@ -94,7 +93,6 @@ class Scheduler:
                 req.finished_reason = "abort"
                 req.finished_s = time.perf_counter()
                 self.kv.forget_waiting(req)
-                self.finished_reqs.append(req)
                 return True
         for req in self._live_reqs():
             if req.rid == rid and not req.finished():
@@ -182,6 +180,9 @@ class Scheduler:
         self._fold_last_batch()
         if self.chunked_req is not None:
             self.kv.cache_unfinished(self.chunked_req)
+        # Sliding-window KV that no forward reads any more goes back to the SWA pool.
+        self.kv.evict_out_of_window(
+            [*self.running_batch.reqs, *([self.chunked_req] if self.chunked_req else [])])
         prefill = build_prefill_batch(self)
         self.running_batch.filter_finished()
         if prefill is not None:
@@ -237,7 +238,6 @@ class Scheduler:
         # A forward in flight may have claimed the slot of a token that never came (an
         # error, an abort): only KV of real tokens is committed, the rest is over-allocation.
         req.kv_committed_len = min(req.kv_committed_len, req.seq_len)
-        self.finished_reqs.append(req)
         release_when_done(self, req)
 
     @property

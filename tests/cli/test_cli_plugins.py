@@ -70,6 +70,8 @@ def test_shows_the_builtins_and_the_whitelist(cli: Callable[..., Any]) -> None:
     assert names == {
         ("attention backend", "torch_native"),
         ("cache policy", "radix"),
+        ("cache policy", "swa_radix"),
+        ("cache policy", "streaming_session"),
         ("cache policy", "none"),
         ("speculative algorithm", "none"),
     }
@@ -128,3 +130,30 @@ def test_debug_shows_import_tracebacks(cli: Callable[..., Any]) -> None:
     run = cli("plugins", "--plugin", "no:duplicate_name", "--debug")
     assert run.exit_code == 0
     assert "Traceback" in run.stderr and "not_installed_anywhere" in run.stderr
+
+
+def test_notes_qualify_the_capabilities(cli: Callable[..., Any]) -> None:
+    """A backend's notes are listed with it: the GPU backends say they are not verified yet,
+    while the whitelist keeps naming them."""
+    from importlib.metadata import entry_points
+
+    installed = {ep.name for ep in entry_points(group="plugserve")}
+    if not {"flashinfer", "fa3"} <= installed:
+        pytest.skip("needs plugserve-attention-flashinfer and plugserve-attention-fa3 installed")
+    document = listing(cli, "--plugin", "flashinfer", "--plugin", "fa3", allowlist="")
+    by_name = rows(document)
+    for name in ("flashinfer", "fa3"):
+        entry = next(e for e in by_name[name]["registers"] if e["name"] == name)
+        assert entry["notes"][0] == (
+            f"not verified on a GPU yet: run `plugserve conformance --attention {name} "
+            "--device cuda`")
+        assert entry["capabilities"]["page>1+topk>1"] is True
+    torch_native = next(e for e in by_name["builtin"]["registers"] if e["name"] == "torch_native")
+    assert torch_native["notes"] == []
+    run = cli("plugins", "--plugin", "flashinfer", "--plugin", "fa3", env={"PLUGSERVE_PLUGINS": ""})
+    assert run.exit_code == 0, run.stderr
+    # The note may wrap inside its cell; the other cells of those lines are empty.
+    flat = " ".join(run.stdout.replace("│", " ").split())
+    for name in ("flashinfer", "fa3"):
+        assert ("note: not verified on a GPU yet: run `plugserve conformance --attention "
+                f"{name} --device cuda`") in flat

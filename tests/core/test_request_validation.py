@@ -236,11 +236,12 @@ class TestRequestValidation(EngineTest):
             real_submit = engine.submit
             calls = []
 
-            def flaky_submit(prompt: Any, sampling: Any = None, *, chat: bool = False) -> Any:
+            def flaky_submit(prompt: Any, sampling: Any = None, *, chat: bool = False,
+                             **session: Any) -> Any:
                 calls.append(prompt)
                 if len(calls) == 2:
                     raise EngineStoppedError("stopped")
-                return real_submit(prompt, sampling, chat=chat)
+                return real_submit(prompt, sampling, chat=chat, **session)
 
             monkeypatch.setattr(engine, "submit", flaky_submit)
             with pytest.raises(EngineStoppedError):

@@ -25,8 +25,8 @@ def _spy_submit(
     reqs: list[Req] = []
     real = engine.submit
 
-    def submit(prompt: Any, sampling: Any = None, *, chat: bool = False) -> Req:
-        req = real(prompt, sampling, chat=chat)
+    def submit(prompt: Any, sampling: Any = None, *, chat: bool = False, **session: Any) -> Req:
+        req = real(prompt, sampling, chat=chat, **session)
         reqs.append(req)
         if after is not None:
             after(len(reqs) - 1, req)

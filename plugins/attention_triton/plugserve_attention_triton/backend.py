@@ -8,6 +8,7 @@ interpreter on if `TRITON_INTERPRET` is unset), then imports the kernels.
 
 from __future__ import annotations
 
+import dataclasses
 from types import ModuleType
 
 import torch
@@ -32,6 +33,9 @@ CPU_MIN_TOKENS_PER_SPLIT = 256
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    # Windowed layers of a hybrid pool read their own buffer: the batch's KV index table is
+    # translated once per batch (see `init_forward_metadata`).
+    swa_slot_translation = True
 
     def __init__(
         self,
@@ -60,6 +64,21 @@ class TritonAttentionBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
+        self._build_metadata(fb)
+        pool = fb.kv_pool
+        # getattr: a pool-like test double may predate the SWA translation interface.
+        is_windowed = getattr(pool, "is_windowed", None)
+        windowed = [i for i in getattr(pool, "layer_ids", ()) if is_windowed(i)] if (
+            is_windowed is not None) else []
+        meta = fb.attn_metadata
+        if windowed and isinstance(meta, TritonAttnMetadata):
+            # One translated copy of the KV index table (full slots -> SWA slots) serves
+            # every windowed layer of the batch; it shares the decode scratch buffers.
+            meta.windowed = dataclasses.replace(
+                meta, kv_indices=pool.slots_for_layer(windowed[0], meta.kv_indices)
+            )
+
+    def _build_metadata(self, fb: ForwardBatch) -> None:
         if not fb.mode.is_decode():
             fb.attn_metadata = build_extend_metadata(fb)
             return
@@ -86,7 +105,7 @@ class TritonAttentionBackend(AttentionBackend):
     def forward_extend(
         self, q: torch.Tensor, layer: AttentionLayer, forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        meta = self._metadata(forward_batch, decode=False)
+        meta = self._metadata(forward_batch, decode=False, layer=layer)
         k_buffer, v_buffer = self._buffers(layer, forward_batch)
         return self._kernels.extend_attention(
             _rows_contiguous(q), k_buffer, v_buffer, meta,
@@ -96,7 +115,7 @@ class TritonAttentionBackend(AttentionBackend):
     def forward_decode(
         self, q: torch.Tensor, layer: AttentionLayer, forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        meta = self._metadata(forward_batch, decode=True)
+        meta = self._metadata(forward_batch, decode=True, layer=layer)
         k_buffer, v_buffer = self._buffers(layer, forward_batch)
         return self._kernels.decode_attention(
             _rows_contiguous(q), k_buffer, v_buffer, meta,
@@ -104,7 +123,9 @@ class TritonAttentionBackend(AttentionBackend):
         )
 
     @staticmethod
-    def _metadata(fb: ForwardBatch, *, decode: bool) -> TritonAttnMetadata:
+    def _metadata(
+        fb: ForwardBatch, *, decode: bool, layer: AttentionLayer | None = None
+    ) -> TritonAttnMetadata:
         meta = fb.attn_metadata
         if not isinstance(meta, TritonAttnMetadata):
             raise RuntimeError(
@@ -117,6 +138,10 @@ class TritonAttentionBackend(AttentionBackend):
                 f"batch metadata was built for {built} but the {fb.mode.value} forward asked "
                 f"for {'decode' if decode else 'extend'}; rebuild it after changing the mode"
             )
+        if layer is not None and meta.windowed is not None and fb.kv_pool.is_windowed(
+            layer.layer_id
+        ):
+            return meta.windowed  # a windowed layer of a hybrid pool reads translated slots
         return meta
 
     @staticmethod

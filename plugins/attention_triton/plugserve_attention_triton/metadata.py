@@ -50,6 +50,13 @@ class TritonAttnMetadata:
     custom_mask: torch.Tensor | None = None
     num_kv_splits: torch.Tensor | None = None
     max_kv_splits: int = 1
+    # A hybrid SWA pool: the same tables with `kv_indices` translated to the windowed layers'
+    # slots (built once per batch by the backend); None when no layer is windowed.
+    windowed: TritonAttnMetadata | None = None
+    # With a custom mask: every new token's position (a tree node sits at prefix + depth,
+    # not prefix + its index), to fold a sliding window into the mask by position.
+    query_positions: torch.Tensor | None = None
+    _window_masks: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     # Decode partial results, allocated on first use and shared by every layer of the batch.
     _scratch: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict, repr=False
@@ -148,7 +155,30 @@ def build_extend_metadata(fb: ForwardBatch) -> TritonAttnMetadata:
         meta.custom_mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(
             torch.uint8
         )
+        meta.query_positions = fb.positions.to(device)
     return meta
+
+
+def window_folded_mask(meta: TritonAttnMetadata, window: int) -> torch.Tensor:
+    """The custom mask with a sliding window folded in by token position: key k of segment s
+    is at position k below the prefix and at its new token's position above it. Built once
+    per batch and window."""
+    cached = meta._window_masks.get(window)
+    if cached is not None:
+        return cached
+    assert meta.custom_mask is not None and meta.query_positions is not None
+    parts: list[torch.Tensor] = []
+    q_begin = 0
+    device = meta.custom_mask.device
+    for prefix, ext in zip(meta.first_query_pos_cpu, meta.queries_per_segment_cpu, strict=True):
+        q_pos = meta.query_positions[q_begin : q_begin + ext].to(torch.int64)
+        k_pos = torch.cat([torch.arange(prefix, device=device), q_pos])
+        parts.append((k_pos[None, :] > q_pos[:, None] - window).reshape(-1))
+        q_begin += ext
+    inside = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool, device=device)
+    folded = (meta.custom_mask != 0) & inside
+    meta._window_masks[window] = folded.to(torch.uint8)
+    return meta._window_masks[window]
 
 
 def build_decode_metadata(

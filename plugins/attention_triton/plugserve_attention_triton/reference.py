@@ -3,7 +3,8 @@
 It reads exactly the tables the kernels read (segments, KV lists, first query positions,
 custom mask) and applies the same rules as the core's torch_native backend: query r of a
 segment sits at `first_query_pos + r`; without a custom mask it sees keys at positions
-<= its own; a sliding window of w keeps keys at positions > query position - w. It is slow
+<= its own; a sliding window of w keeps keys at positions > query position - w (token
+positions: a tree node sits at prefix + depth). It is slow
 (a loop over segments) and meant for tests and debugging, e.g. of topk>1 draft decode, which
 torch_native does not cover.
 """
@@ -29,6 +30,12 @@ def segment_mask(
         assert meta.mask_indptr is not None
         start = int(meta.mask_indptr[segment])
         mask = meta.custom_mask[start : start + num_q * kv_len].view(num_q, kv_len) != 0
+        if sliding_window is not None and meta.query_positions is not None:
+            # A tree's nodes sit at prefix + depth: the window counts token positions.
+            begin = sum(meta.queries_per_segment_cpu[:segment])
+            q_pos = meta.query_positions[begin : begin + num_q].to(torch.int64)
+            prefix = meta.first_query_pos_cpu[segment]
+            k_pos = torch.cat([torch.arange(prefix, device=device), q_pos])
     else:
         mask = k_pos[None, :] <= q_pos[:, None]
     if sliding_window is not None:

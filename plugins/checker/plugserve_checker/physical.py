@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from plugserve.mem.swa_pool import HybridAllocator
 from plugserve.sched.req import Req
 from plugserve_checker.errors import KVCorruptionError
 
@@ -52,3 +53,30 @@ def check_pages(scheduler: Any, reqs: list[Req]) -> None:
             f"use after free: page {p} of pool 'full' is held by {owned[p]} and also in the "
             f"free list ({len(used_free)} such page(s))"
         )
+    if isinstance(kv.full.allocator, HybridAllocator):
+        _check_swa_pages(kv.full.allocator, owned, free_set)
+
+
+def _check_swa_pages(alloc: HybridAllocator, owned: dict[int, str], full_free: set[int]) -> None:
+    """The SWA pool: a SWA page mapped to a held full page is not free, no SWA page is
+    mapped twice, and a free full page has no SWA page left mapped (it would be lost)."""
+    swa_free = set(alloc.swa.free_pages)
+    mapped_by: dict[int, int] = {}
+    for p in range(1, alloc.num_pages + 1):
+        s = alloc.swa_page_of(p)
+        if not s:
+            continue
+        if s in mapped_by:
+            raise KVCorruptionError(
+                f"pool 'swa': page {s} is mapped to full pages {mapped_by[s]} and {p}"
+            )
+        mapped_by[s] = p
+        if p in full_free:
+            raise KVCorruptionError(
+                f"pool 'swa': free full page {p} still maps SWA page {s} (never freed)"
+            )
+        if s in swa_free:
+            raise KVCorruptionError(
+                f"use after free: page {s} of pool 'swa' is mapped to full page {p} held by "
+                f"{owned.get(p, 'nobody')} and also in the free list"
+            )

@@ -6,7 +6,8 @@ any page size and any slot order work. Visibility of key position k to the query
 p (p = first_query_pos + row):
 
 - without a custom mask: causal, k <= p; with one: the mask's (row, k) entry;
-- with a sliding window w (either way): also k > p - w.
+- with a sliding window w and no mask: also k > p - w (with a mask the caller folds the window
+  into it by token position: a tree node is not at first_query_pos + row).
 
 The tile loop is bounded to the keys that can be visible, and the softmax is the usual
 running-maximum form in base 2. Every value is upcast to fp32 before arithmetic and the dot
@@ -25,7 +26,7 @@ from plugserve_attention_triton.kernels.tiles import (
     extend_tiles,
     pow2_at_least,
 )
-from plugserve_attention_triton.metadata import TritonAttnMetadata
+from plugserve_attention_triton.metadata import TritonAttnMetadata, window_folded_mask
 
 
 @triton.jit
@@ -153,6 +154,11 @@ def extend_attention(
     grid = (meta.num_segments, num_heads, triton.cdiv(meta.max_queries_per_segment, block_m))
     has_mask = meta.custom_mask is not None
     mask = meta.custom_mask if meta.custom_mask is not None else meta.kv_indices
+    if has_mask and sliding_window is not None:
+        # A tree's nodes are not at first_query_pos + row: the window goes into the mask,
+        # by position, and the kernel's own (row-based) window test is off.
+        mask = window_folded_mask(meta, sliding_window)
+        sliding_window = None
     mask_indptr = meta.mask_indptr if meta.mask_indptr is not None else meta.kv_indptr
     _extend_kernel[grid](
         q, k_buffer, v_buffer, out,
