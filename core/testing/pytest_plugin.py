@@ -1,10 +1,27 @@
-"""pytest plugin registered by plugserve: fixtures every plugin's test suite can use."""
+"""pytest plugin registered by plugserve: fixtures every plugin's test suite can use.
+
+The attention-backend conformance suite (`plugserve.testing.conformance`) reads its backend
+and device from here: `--attention-backend NAME` (default torch_native) and
+`--conformance-device DEVICE` (default: cpu if the backend declares it, else cuda), or from
+a test module's own `attention_backend` / `conformance_device` fixtures, which win.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("plugserve", "plugserve attention-backend conformance suite")
+    group.addoption("--attention-backend", metavar="NAME", default=None,
+                    help="registered attention backend the conformance suite tests "
+                    "(default: torch_native)")
+    group.addoption("--conformance-device", metavar="DEVICE", default=None,
+                    help="device the conformance suite runs on (default: cpu if the "
+                    "backend declares it, else cuda); a missing device skips the suite")
 
 
 @pytest.fixture(scope="session")
@@ -13,3 +30,33 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from plugserve.testing.tiny_models import make_tiny_model_dir
 
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny_llama"), arch="llama", seed=0)
+
+
+@pytest.fixture
+def attention_backend(request: pytest.FixtureRequest) -> str:
+    """Name of the attention backend the conformance suite tests."""
+    return str(request.config.getoption("--attention-backend") or "torch_native")
+
+
+@pytest.fixture
+def conformance_device(request: pytest.FixtureRequest) -> str | None:
+    """Device of the conformance suite (None: cpu if the backend declares it, else cuda)."""
+    device = request.config.getoption("--conformance-device")
+    return str(device) if device else None
+
+
+@pytest.fixture
+def conformance_target(attention_backend: str, conformance_device: str | None) -> Any:
+    """The `BackendUnderTest`: registry entry, class, capabilities and device."""
+    from plugserve.testing.conformance.target import BackendUnderTest
+
+    return BackendUnderTest.resolve(attention_backend, conformance_device)
+
+
+@pytest.fixture
+def conformance_requirements(conformance_target: Any) -> Any:
+    """The `Requirements` answering what the backend declares; override with a subclass to
+    opt into requirements this plugserve does not know, or to list known failures."""
+    from plugserve.testing.conformance.requirements import Requirements
+
+    return Requirements(conformance_target)

@@ -1,32 +1,181 @@
-"""Loader of the `fa3` backend: checks CUDA and the flash-attn package first.
+"""FA3AttentionBackend: the engine-facing side of FA3's `flash_attn_with_kvcache`.
 
-The kernel wrappers are a later issue: once both checks pass, loading still stops with a
-clear "not built yet" error rather than running anything.
+`init_forward_metadata` builds an `Fa3Metadata` once per batch (plain torch, see `metadata`);
+each layer then makes one call over the pool viewed as `[pages, page_size, kv_heads,
+head_dim]` (prefill, decode, topk>1 draft decode), or for a tree verify two calls (the cached
+prefix by pages, the tree tokens through a page-size-1 view) merged by their log-sum-exps.
+Sliding windows are FA3's `window_size`, except in a tree verify, where a window counts token
+positions: a windowed layer there makes one call over each token's windowed keys by slots.
+
+`kernels` is the namespace `flash_attn_with_kvcache` comes from: an FA3 build
+(`flash_attn_interface` from flash-attention's hopper/ directory, or `sgl_kernel.flash_attn`),
+imported here only when the backend is built for CUDA, or
+`plugserve_attention_fa3.reference`, its CPU interpreter, which the CPU tests pass to run
+this very code without a GPU.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterable
+from types import SimpleNamespace
+from typing import Any
+
 import torch
 
-from plugserve.attention.base import AttentionBackend
+from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
+from plugserve.runner.forward_batch import ForwardBatch
+from plugserve_attention_fa3.fixes import DRAFT_PAGE_SCATTER, resolve_reverts
+from plugserve_attention_fa3.merge import merge_partial_attention
+from plugserve_attention_fa3.metadata import (
+    Fa3Call,
+    Fa3Metadata,
+    build_decode_metadata,
+    build_extend_metadata,
+)
+from plugserve_attention_fa3.page_table import PageTableBuffer
 
-INSTALL_HINT = "pip install 'plugserve-attention-fa3[cuda]'"
+INSTALL_HINT = (
+    "pip install 'plugserve-attention-fa3[cuda]' (sgl-kernel's FA3), or build FA3 from "
+    "flash-attention's hopper/ directory (module flash_attn_interface)"
+)
+FA3_MODULES = ("flash_attn_interface", "sgl_kernel.flash_attn")
 
 
-def load_backend() -> type[AttentionBackend]:
-    """The backend class; raises a clear error when this machine cannot run it."""
+def import_fa3() -> Any:
+    """A namespace with FA3's `flash_attn_with_kvcache`, after checking CUDA is there."""
     if not torch.cuda.is_available():
         raise RuntimeError(
             "attention backend 'fa3' requires CUDA, but torch sees no CUDA device; "
             "use --attention torch_native on this machine"
         )
-    try:
-        import flash_attn  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(
-            f"attention backend 'fa3' needs the flash-attn package ({exc}); {INSTALL_HINT}"
-        ) from exc
-    raise RuntimeError(
-        "attention backend 'fa3' is not built yet (its kernel wrappers are a later issue); "
-        "use --attention torch_native or triton"
+    failures = []
+    for name in FA3_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            failures.append(f"{name}: {exc}")
+            continue
+        return SimpleNamespace(flash_attn_with_kvcache=module.flash_attn_with_kvcache,
+                               source=name)
+    raise ImportError(
+        f"attention backend 'fa3' needs FlashAttention 3 ({'; '.join(failures)}); {INSTALL_HINT}"
     )
+
+
+def load_backend() -> type[AttentionBackend]:
+    """The backend class, once CUDA and an FA3 build are known to be there (the loader)."""
+    import_fa3()
+    return FA3AttentionBackend
+
+
+class FA3AttentionBackend(AttentionBackend):
+    name = "fa3"
+
+    def __init__(
+        self,
+        ctx: AttentionContext,
+        *,
+        kernels: Any | None = None,
+        revert_fixes: Iterable[str] | None = None,
+    ) -> None:
+        super().__init__(ctx)
+        if ctx.num_kv_heads < 1 or ctx.num_heads % ctx.num_kv_heads != 0:
+            raise ValueError(
+                f"attention backend 'fa3' needs num_heads ({ctx.num_heads}) to be a multiple "
+                f"of num_kv_heads ({ctx.num_kv_heads})"
+            )
+        if kernels is None:
+            if torch.device(ctx.device).type != "cuda":
+                raise RuntimeError(
+                    f"attention backend 'fa3' runs FA3's CUDA kernels; device "
+                    f"{str(ctx.device)!r} is not CUDA (use --attention torch_native)"
+                )
+            kernels = import_fa3()
+        self.kernels = kernels
+        self.revert_fixes = resolve_reverts(ctx, revert_fixes)
+        self.page_table = PageTableBuffer(
+            max_rows=ctx.max_batch_size * max(1, ctx.spec_topk), device=torch.device(ctx.device))
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        fb = forward_batch
+        page = self.ctx.page_size
+        if fb.mode.is_decode():
+            fb.attn_metadata = build_decode_metadata(
+                fb, page, self.page_table, distinct_pages=DRAFT_PAGE_SCATTER in self.revert_fixes)
+        else:
+            fb.attn_metadata = build_extend_metadata(fb, page, self.page_table)
+
+    def forward_extend(
+        self, q: torch.Tensor, layer: AttentionLayer, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        meta = self._metadata(forward_batch, decode=False)
+        q = q.contiguous()
+        window = _window(layer)
+        if meta.tree is None:
+            return self._run(q, meta.main, layer, forward_batch, _causal_window(window))
+        if window is not None:  # one call over each token's windowed keys, by slots
+            return self._run(q, meta.windowed_verify(window), layer, forward_batch, (-1, -1))
+        # Tree verify: the prefix (not causal) and the tree tokens, merged by their LSEs.
+        out_prefix, lse_prefix = self._run(q, meta.main, layer, forward_batch, (-1, -1),
+                                           lse=True)
+        out_tree, lse_tree = self._run(q, meta.tree, layer, forward_batch, (-1, -1), lse=True)
+        return merge_partial_attention(out_prefix, lse_prefix, meta.main.has_keys,
+                                       out_tree, lse_tree, meta.tree.has_keys)
+
+    def forward_decode(
+        self, q: torch.Tensor, layer: AttentionLayer, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        meta = self._metadata(forward_batch, decode=True)
+        return self._run(q.contiguous(), meta.main, layer, forward_batch,
+                         _causal_window(_window(layer)))
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _run(
+        self, q: torch.Tensor, call: Fa3Call, layer: AttentionLayer, fb: ForwardBatch,
+        window: tuple[int, int], *, lse: bool = False,
+    ) -> Any:
+        k = fb.kv_pool.get_k(layer.layer_id)
+        v = fb.kv_pool.get_v(layer.layer_id)
+        page = call.page_size
+        result = self.kernels.flash_attn_with_kvcache(
+            q, k.view(-1, page, *k.shape[1:]), v.view(-1, page, *v.shape[1:]),
+            cache_seqlens=call.cache_seqlens, page_table=call.page_table,
+            cu_seqlens_q=call.cu_seqlens_q, max_seqlen_q=call.max_seqlen_q,
+            softmax_scale=layer.scaling, causal=call.causal, window_size=window,
+            return_softmax_lse=lse,
+        )
+        if lse:
+            return result[0], result[1]
+        return result
+
+    def _metadata(self, fb: ForwardBatch, *, decode: bool) -> Fa3Metadata:
+        meta = fb.attn_metadata
+        if not isinstance(meta, Fa3Metadata):
+            raise RuntimeError(
+                "attention backend 'fa3' found no metadata of its own on the batch: call "
+                "init_forward_metadata(forward_batch) once before the layers run"
+            )
+        if meta.is_decode != decode:
+            built = "decode" if meta.is_decode else "extend"
+            raise RuntimeError(f"batch metadata was built for {built} but the {fb.mode.value} "
+                               "forward asked for the other; rebuild it after changing the mode")
+        if meta.table_generation != self.page_table.generation:
+            raise RuntimeError(
+                "attention backend 'fa3': this batch's page table was overwritten by a later "
+                "init_forward_metadata (the page-table buffer is shared); run a batch's "
+                "layers before building the next batch's metadata"
+            )
+        return meta
+
+
+def _window(layer: AttentionLayer) -> int | None:
+    window = layer.sliding_window
+    if window is not None and window < 1:
+        raise ValueError(f"layer {layer.layer_id}: sliding_window must be >= 1, got {window}")
+    return window
+
+
+def _causal_window(window: int | None) -> tuple[int, int]:
+    """FA3's (left, right) for a causal call: a window of w tokens keeps q - (w-1) .. q."""
+    return (-1, -1) if window is None else (window - 1, 0)

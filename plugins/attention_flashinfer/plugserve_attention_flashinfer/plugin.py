@@ -1,17 +1,19 @@
-"""Registers the `flashinfer` attention backend; nothing heavy is imported here."""
+"""Registers the `flashinfer` attention backend and its fix toggle; nothing heavy is imported.
+
+The loader imports the backend module (plain torch) and checks CUDA and the flashinfer
+package; flashinfer itself is imported only there, when the backend is selected.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from plugserve.attention.base import BackendCapabilities
 from plugserve.hookspecs import hookimpl
-from plugserve.registry import RegisterAttentionBackend
+from plugserve.registry import RegisterAttentionBackend, RegisterFixToggle
+from plugserve_attention_flashinfer.capabilities import CAPABILITIES
+from plugserve_attention_flashinfer.fixes import FIX_TOGGLES
 
-CAPABILITIES = BackendCapabilities(
-    devices=frozenset({"cuda"}),
-    dtypes=frozenset({"bfloat16", "float16"}),
-)
+BACKEND_NAME = "flashinfer"
 
 
 def _load() -> Any:
@@ -23,8 +25,15 @@ def _load() -> Any:
 @hookimpl
 def plugserve_register_attention_backends(register: RegisterAttentionBackend) -> None:
     register(
-        "flashinfer",
+        BACKEND_NAME,
         _load,
         CAPABILITIES,
-        description="FlashInfer paged-KV kernels; CUDA, bf16/fp16 (install the [cuda] extra)",
+        description="FlashInfer paged prefill/decode wrappers: tree masks, topk>1 drafting, "
+        "sliding window; CUDA, bf16/fp16 (install the [cuda] extra)",
     )
+
+
+@hookimpl
+def plugserve_register_fix_toggles(register: RegisterFixToggle) -> None:
+    for name, description in FIX_TOGGLES.items():
+        register(name, description)

@@ -1,0 +1,30 @@
+"""The whole conformance suite, for `from plugserve.testing.conformance.suite import *`.
+
+Importing these classes into a test module makes pytest collect them there (SQLAlchemy's
+dialect-suite pattern); the backend they test is the `attention_backend` fixture
+(`--attention-backend NAME`, default torch_native), which the module may override.
+"""
+
+from __future__ import annotations
+
+from plugserve.testing.conformance.suite.engine import (
+    TestEngineGreedy,
+    TestEngineHalfPrecision,
+    TestEngineSpeculative,
+)
+from plugserve.testing.conformance.suite.kernel import (
+    TestKernelDecode,
+    TestKernelExtend,
+    TestKernelSlidingWindow,
+    TestKernelSpeculative,
+)
+
+__all__ = [
+    "TestEngineGreedy",
+    "TestEngineHalfPrecision",
+    "TestEngineSpeculative",
+    "TestKernelDecode",
+    "TestKernelExtend",
+    "TestKernelSlidingWindow",
+    "TestKernelSpeculative",
+]

@@ -1,0 +1,1 @@
+"""A worked example of a plugserve attention backend in plain PyTorch (see docs/backends.md)."""

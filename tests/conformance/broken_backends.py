@@ -1,0 +1,59 @@
+"""Deliberately broken variants of the docs' example backend: test doubles proving that the
+conformance suite can fail. Each gets one fact of the backend contract wrong; registered as a
+plugin ("broken_examples") by the `example_plugins` fixture."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from plugserve_attention_example.backend import ExampleBackend
+from plugserve_attention_example.plugin import CAPABILITIES
+
+from plugserve.hookspecs import hookimpl
+from plugserve.runner.forward_batch import ForwardBatch
+
+
+class IgnoresPrefixOffset(ExampleBackend):
+    """Causal mask without the cached-prefix offset: new token j sees row positions <= j,
+    as if nothing were cached (right for a whole prefill, wrong after a prefix hit or for a
+    later chunk)."""
+
+    name = "example_no_prefix_offset"
+
+    def causal_mask(self, prefix: int, ext: int, seq_len: int,
+                    device: torch.device) -> torch.Tensor:
+        query_row = torch.arange(ext, device=device)
+        return torch.arange(seq_len, device=device)[None, :] <= query_row[:, None]
+
+
+class AssumesContiguousSlots(ExampleBackend):
+    """Reads a request's KV from consecutive slots after its first one (right only while
+    the request fits in one page, or its pages happen to be consecutive)."""
+
+    name = "example_contiguous_slots"
+
+    def row_slots(self, fb: ForwardBatch, request: int, length: int) -> torch.Tensor:
+        first = fb.req_to_token[fb.req_pool_indices[request], 0].long()
+        return first + torch.arange(length, device=first.device)
+
+
+class DecodeKVOffByOne(ExampleBackend):
+    """Decode reads seq_len - 1 keys: it misses the token being decoded, whose K/V the
+    forward has just stored."""
+
+    name = "example_kv_len_off_by_one"
+
+    def decode_kv_lens(self, fb: ForwardBatch) -> list[int]:
+        return [n - 1 for n in fb.seq_lens_cpu]
+
+
+BROKEN: dict[str, type[ExampleBackend]] = {
+    cls.name: cls for cls in (IgnoresPrefixOffset, AssumesContiguousSlots, DecodeKVOffByOne)
+}
+
+
+@hookimpl
+def plugserve_register_attention_backends(register: Any) -> None:
+    for name, cls in BROKEN.items():
+        register(name, lambda cls=cls: cls, CAPABILITIES, description=cls.__doc__ or "")

@@ -1,0 +1,7 @@
+"""The conformance suite against the backend named by --attention-backend: torch_native,
+the built-in reference, unless told otherwise (`pytest tests/conformance/test_torch_native.py
+--attention-backend triton` runs the same matrix on Triton)."""
+
+from __future__ import annotations
+
+from plugserve.testing.conformance.suite import *  # noqa: F403
