@@ -1,0 +1,201 @@
+"""`plugserve serve`: the OpenAI-compatible HTTP server (FastAPI + uvicorn) on one engine.
+
+Every engine option of `generate` plus the scheduling and memory ones, and the server's own
+(host, port, API key, waiting-queue limit, body limit). Options left out fall back to
+`PLUGSERVE_*` variables, then to the defaults. Everything is checked (configuration,
+plugins, the port) before the model loads.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from plugserve.cli.errors import UsageError, reported_errors
+from plugserve.cli.logs import stderr_logging
+from plugserve.cli.options import (
+    AttentionOpt,
+    CacheOpt,
+    DebugOpt,
+    DeviceOpt,
+    DraftModelOpt,
+    DtypeOpt,
+    LogLevelOpt,
+    MemCheckOpt,
+    ModelOpt,
+    PageSizeOpt,
+    PluginOpt,
+    SpecDraftTokensOpt,
+    SpecOpt,
+    SpecStepsOpt,
+    SpecTopkOpt,
+    checked_plugin_host,
+    engine_config,
+)
+
+if TYPE_CHECKING:
+    from plugserve.server.settings import ServerSettings
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _int(help_text: str) -> Any:
+    return typer.Option(help=help_text)
+
+
+def serve_command(
+    model: ModelOpt = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(help="Require 'Authorization: Bearer KEY' on /v1/* (or PLUGSERVE_API_KEY)."),
+    ] = None,
+    max_waiting: Annotated[
+        int | None, _int("Queued requests before answering 503 (default 256).")
+    ] = None,
+    max_body_bytes: Annotated[int | None, _int("Request body limit (default 2 MiB).")] = None,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="Model id for clients (default the model's name).")
+    ] = None,
+    shutdown_timeout: Annotated[
+        float | None, typer.Option(help="Seconds running requests get at shutdown (default 10).")
+    ] = None,
+    plugin: PluginOpt = None,
+    attention: AttentionOpt = None,
+    cache: CacheOpt = None,
+    spec: SpecOpt = None,
+    draft_model: DraftModelOpt = None,
+    spec_steps: SpecStepsOpt = None,
+    spec_topk: SpecTopkOpt = None,
+    spec_draft_tokens: SpecDraftTokensOpt = None,
+    page_size: PageSizeOpt = None,
+    dtype: DtypeOpt = None,
+    device: DeviceOpt = None,
+    seed: Annotated[int | None, _int("Engine seed.")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="Tokenizer folder, if not the model's.")
+                         ] = None,
+    max_running_requests: Annotated[int | None, _int("Request rows (batch size limit).")] = None,
+    kv_pool_tokens: Annotated[int | None, _int("KV slots per pool.")] = None,
+    context_len: Annotated[int | None, _int("Max tokens per request.")] = None,
+    chunked_prefill_size: Annotated[int | None, _int("Prefill tokens per step; 0 = off.")] = None,
+    max_prefill_tokens: Annotated[int | None, _int("Prefill token budget per batch.")] = None,
+    enable_mixed_chunk: Annotated[
+        bool | None, typer.Option("--enable-mixed-chunk/--no-mixed-chunk",
+                                  help="Mix decodes into prefill batches.", show_default=False)
+    ] = None,
+    overlap: Annotated[
+        bool | None, typer.Option("--overlap/--no-overlap", help="The overlap event loop.",
+                                  show_default=False)
+    ] = None,
+    mem_check: MemCheckOpt = None,
+    check_pages: Annotated[
+        bool | None, typer.Option("--check-pages/--no-check-pages",
+                                  help="Physical page checks (with --mem-check).",
+                                  show_default=False)
+    ] = None,
+    mem_check_ring_size: Annotated[int | None, _int("Checker ring buffer entries.")] = None,
+    log_level: LogLevelOpt = "WARNING",
+    debug: DebugOpt = False,
+) -> None:
+    """Serve the OpenAI API (completions, chat completions, models) over HTTP.
+
+    \b
+    GET  /v1/models             the served model
+    POST /v1/completions        text or token-id prompts; stream with SSE
+    POST /v1/chat/completions   the model's chat template
+    GET  /health                200 while the engine serves
+    GET  /metrics               Prometheus metrics
+    SIGINT / SIGTERM stop it: running requests get --shutdown-timeout
+    seconds, the rest are aborted, and the engine stops with its memory whole.
+    """
+    with reported_errors(debug):
+        from plugserve.server.settings import ServerSettings
+
+        config = engine_config(
+            model=model, attention=attention, cache=cache, spec=spec, draft_model=draft_model,
+            spec_steps=spec_steps, spec_topk=spec_topk, spec_draft_tokens=spec_draft_tokens,
+            page_size=page_size, dtype=dtype, device=device, seed=seed, tokenizer=tokenizer,
+            max_running_requests=max_running_requests, kv_pool_tokens=kv_pool_tokens,
+            context_len=context_len, chunked_prefill_size=chunked_prefill_size,
+            max_prefill_tokens=max_prefill_tokens, enable_mixed_chunk=enable_mixed_chunk,
+            overlap=overlap, mem_check=mem_check, check_pages=check_pages,
+            mem_check_ring_size=mem_check_ring_size,
+        )
+        given = {
+            "host": host, "port": port, "api_key": api_key, "max_waiting": max_waiting,
+            "max_body_bytes": max_body_bytes, "served_model_name": served_model_name,
+            "shutdown_timeout_s": shutdown_timeout,
+        }
+        settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
+        with stderr_logging(log_level, config.mem_check):
+            options = plugin or []
+            checked_plugin_host(options, config, debug)
+            sock = bind(settings)
+            try:
+                run_server(config, options, settings, sock, log_level)
+            finally:
+                sock.close()
+
+
+def bind(settings: ServerSettings) -> socket.socket:
+    """The listening socket, bound before the model loads: a busy port costs nothing."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {settings.host}:{settings.port}: "
+                         f"{exc.strerror or exc}; choose another --port or --host") from None
+    return sock
+
+
+def run_server(config: Any, options: list[str], settings: ServerSettings,
+               sock: socket.socket, log_level: str) -> None:
+    import uvicorn
+
+    from plugserve.engine import Engine
+    from plugserve.server.app import create_app
+
+    if settings.host not in LOOPBACK and settings.api_key is None:
+        typer.echo(f"warning: serving on {settings.host} without an API key: anyone who can "
+                   "reach this port can use the model (--api-key)", err=True)
+    engine = Engine(config, plugins=tuple(options))
+    try:
+        app = create_app(engine, settings)
+        state = app.state.server
+        port = sock.getsockname()[1]
+        typer.echo(f"plugserve: serving {state.model_id} on http://{settings.host}:{port}/v1 "
+                   "(Ctrl-C stops)", err=True)
+        server = _server_class(uvicorn)(uvicorn.Config(
+            app, log_config=None, log_level=log_level.lower(), lifespan="on",
+            timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
+            access_log=log_level.upper() in ("DEBUG", "INFO"),
+        ))
+        server.run(sockets=[sock])
+        loop = app.state.engine_loop
+        if loop.failure is not None:
+            raise RuntimeError(f"the engine stopped serving after an error: {loop.failure}")
+        whole = loop.idle_memory_problem
+        typer.echo("plugserve: stopped; memory whole at idle: "
+                   + ("yes" if whole is None else f"NO ({whole})"), err=True)
+    finally:
+        engine.close()
+
+
+def _server_class(uvicorn: Any) -> Any:
+    class Server(uvicorn.Server):
+        """Stops on SIGINT / SIGTERM like uvicorn, but does not re-raise the signal after the
+        graceful shutdown (newer uvicorn does): the command reports and exits 0 itself."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
+
+    return Server

@@ -1,0 +1,128 @@
+"""`create_app(engine, settings)`: the FastAPI application of `plugserve serve`.
+
+Routes: GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST
+/v1/chat/completions, POST /v1/sessions, DELETE /v1/sessions/{id}, GET /health, GET /metrics. The lifespan starts the engine thread and,
+at shutdown, stops it: uvicorn gives running requests `settings.shutdown_timeout_s` to finish
+(`timeout_graceful_shutdown`), then the lifespan aborts the rest, the engine goes idle with
+its memory whole and the thread exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from plugserve.server.auth import ApiKeyGuard
+from plugserve.server.engine_loop import EngineLoop
+from plugserve.server.errors import install_error_handlers, log
+from plugserve.server.handlers import ServerState
+from plugserve.server.limits import BodyLimit
+from plugserve.server.metrics import CONTENT_TYPE, ServerMetrics
+from plugserve.server.output import Documents
+from plugserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from plugserve.server.sampling import chat_generation, completion_generation
+from plugserve.server.sessions import add_session_routes
+from plugserve.server.settings import ServerSettings, served_model_id
+
+
+def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
+    """The app serving `engine`. The engine must not be used by anyone else meanwhile: from
+    the lifespan's start to its end only the engine thread touches it."""
+    settings = settings or ServerSettings()
+    model_path = engine.config.model
+    model_id = served_model_id(model_path, settings.served_model_name)
+    metrics = ServerMetrics(model_id)
+    loop = EngineLoop(engine, max_waiting=settings.max_waiting, metrics=metrics)
+    state = ServerState(loop, settings, model_id, aliases=(model_path,) if model_path else ())
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop.start()
+        metrics.set_engine_up(True)
+        log.info("serving %s (context %d tokens)", model_id, loop.context_len)
+        try:
+            yield
+        finally:
+            # uvicorn already gave running requests their time (timeout_graceful_shutdown);
+            # what still runs has no client left: abort it now.
+            await asyncio.to_thread(loop.stop, 0.0)
+            metrics.set_engine_up(False)
+            log.info("engine stopped; memory whole at idle: %s",
+                     "yes" if loop.idle_memory_problem is None else loop.idle_memory_problem)
+
+    app = FastAPI(title="plugserve", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.server = state
+    app.state.engine_loop = loop
+    app.state.metrics = metrics
+    install_error_handlers(app, metrics.http_error)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, on_error=metrics.http_error)
+    app.add_middleware(ApiKeyGuard, api_key=settings.api_key, on_error=metrics.http_error)
+
+    def model_card() -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": created, "owned_by": "plugserve",
+                "root": model_path or model_id, "max_model_len": loop.context_len,
+                "vocab_size": loop.vocab_size}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(model: str) -> dict[str, Any]:
+        state.check_model(model)
+        return model_card()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        arrival = time.perf_counter()
+        state.check_model(body.model)
+        gen = completion_generation(body, state.tokenizer)
+        docs = Documents("completion", model_id, state.tokenizer.decode,
+                         logprobs=body.logprobs is not None, token_ids=body.return_token_ids)
+        return await state.respond(request, gen, docs, stream=body.stream,
+                                   include_usage=body.include_usage, stop=body.stop_strings,
+                                   arrival_s=arrival)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        arrival = time.perf_counter()
+        state.check_model(body.model)
+        gen = chat_generation(body, state.tokenizer, loop.context_len)
+        docs = Documents("chat", model_id, state.tokenizer.decode, logprobs=body.logprobs,
+                         token_ids=body.return_token_ids)
+        return await state.respond(request, gen, docs, stream=body.stream,
+                                   include_usage=body.include_usage, stop=body.stop_strings,
+                                   arrival_s=arrival)
+
+    add_session_routes(app, loop)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        document = {
+            "status": "ok" if loop.alive else "unavailable",
+            "model": model_id,
+            "running": loop.running(),
+            "waiting": loop.waiting(),
+            "idle_checks": loop.idle_checks,
+            "memory_whole_at_idle": loop.idle_memory_problem is None,
+            "memory_problem": loop.idle_memory_problem,
+            "engine_error": None if loop.failure is None else type(loop.failure).__name__,
+        }
+        return JSONResponse(document, status_code=200 if loop.alive else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        metrics.set_engine_up(loop.alive)
+        metrics.running.set(loop.running())
+        metrics.waiting.set(loop.waiting())
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app

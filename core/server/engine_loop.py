@@ -1,0 +1,297 @@
+"""The engine thread: the one thread that touches the engine.
+
+HTTP handlers run on the asyncio loop. They never call the engine: `EngineLoop.submit` and
+`EngineLoop.abort` put commands on a thread-safe queue that the engine thread drains between
+scheduler steps. After each step the engine thread hands every request's new tokens to that
+request's asyncio queue with `loop.call_soon_threadsafe`. A request's events are, in order:
+`accepted` (or a final event with `error` set when the engine refused it), `tokens` events,
+and one `final` event once its KV is released (finish, abort or engine failure).
+
+The waiting count (submissions not yet drained plus the scheduler's waiting queue) is kept
+under a lock so the HTTP side can refuse work with a 503 before it queues any.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from plugserve.sampling import SamplingParams
+from plugserve.server.jobs import Event, Job, RequestHandle
+
+log = logging.getLogger("plugserve.server")
+
+IDLE_WAIT_S = 0.5  # idle: wake at least this often (a stop request also wakes it)
+GAUGE_EVERY_S = 0.25  # refresh the running/waiting/KV gauges at most this often while busy
+
+
+class Overloaded(RuntimeError):
+    """The waiting queue is full."""
+
+
+class NotServing(RuntimeError):
+    """The engine loop is shutting down or stopped after an error."""
+
+
+class EngineLoop:
+    def __init__(self, engine: Any, *, max_waiting: int, metrics: Any = None) -> None:
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self.metrics = metrics
+        self.context_len: int = int(engine.context_len)
+        self.vocab_size: int = int(engine.arch.vocab_size)
+        self.tokenizer = engine.tokenizer  # read-only: the HTTP side tokenizes and decodes
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._queued = 0
+        self._sched_waiting = 0
+        self._accepted = 0  # len(self._active), readable from any thread under the lock
+        self._accepting = False
+        self._thread: threading.Thread | None = None
+        self._active: dict[int, RequestHandle] = {}  # engine thread only
+        self._stop_deadline: float | None = None
+        self._aborted_for_stop = False
+        self._gauges_s = 0.0
+        self.failure: BaseException | None = None
+        self.idle_memory_problem: str | None = None
+        self.idle_checks = 0
+
+    # --- HTTP side --------------------------------------------------------------------------
+    def start(self) -> None:
+        self._accepting = True
+        self._thread = threading.Thread(target=self._main, name="plugserve-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.failure is None
+
+    def waiting(self) -> int:
+        with self._lock:
+            return self._queued + self._sched_waiting
+
+    def running(self) -> int:
+        """Requests accepted by the engine and not ended, minus those still waiting."""
+        with self._lock:
+            return max(0, self._accepted - self._sched_waiting)
+
+    def submit(
+        self, prompts: list[list[int]], sampling: SamplingParams, arrival_s: float, *,
+        session: tuple[str | None, int | None] = (None, None),
+    ) -> Job:
+        """Queue one engine request per prompt, or refuse them all (Overloaded, NotServing)."""
+        if self.failure is not None:
+            raise NotServing(f"the engine stopped serving after an internal error: "
+                             f"{type(self.failure).__name__}")
+        if not self._accepting:
+            raise NotServing("the server is shutting down")
+        with self._lock:
+            waiting = self._queued + self._sched_waiting
+            if waiting + len(prompts) > self.max_waiting:
+                raise Overloaded(f"{waiting} requests wait already (limit {self.max_waiting})")
+            self._queued += len(prompts)
+        job = Job(self, arrival_s)
+        job.session = session
+        job.handles = [RequestHandle(job, i, ids, sampling) for i, ids in enumerate(prompts)]
+        for handle in job.handles:
+            self._commands.put(("submit", handle))
+        self._wake.set()
+        return job
+
+    def abort(self, handle: RequestHandle) -> None:
+        if not handle.finished:
+            self._commands.put(("abort", handle))
+            self._wake.set()
+
+    def call(self, fn: Callable[[Any], Any], timeout: float = 60.0) -> Any:
+        """Run `fn(engine)` on the engine thread between steps (tests, diagnostics)."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._commands.put(("call", (fn, future)))
+        self._wake.set()
+        return future.result(timeout)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop accepting; let running requests finish for `timeout_s`, abort the rest, wait
+        for the engine to go idle (memory whole) and the thread to exit."""
+        self._accepting = False
+        if self._thread is None:
+            return
+        self._commands.put(("stop", time.monotonic() + timeout_s))
+        self._wake.set()
+        self._thread.join(timeout_s + 60.0)
+        if self._thread.is_alive():
+            log.error("the engine thread did not stop within %.0f s", timeout_s + 60.0)
+
+    # --- engine thread --------------------------------------------------------------------
+    def _main(self) -> None:
+        message, reason = "the server is shutting down", "shutdown"
+        try:
+            self._serve()
+        except BaseException as exc:
+            self.failure = exc
+            log.error("the engine stopped serving after an error", exc_info=exc)
+            message = f"the engine stopped serving after an internal error: {type(exc).__name__}"
+            reason = "failed"
+            for handle in self._active.values():
+                handle.post(Event("final", [], finish_reason=reason, error=message))
+            self._active.clear()
+            with self._lock:
+                self._accepted = 0
+        finally:
+            self._accepting = False
+            self._reject_queued(message, reason)
+
+    def _reject_queued(self, message: str, reason: str) -> None:
+        """The thread is leaving: answer whatever is still queued, so nobody waits forever."""
+        while True:
+            try:
+                kind, item = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "submit":
+                item.post(Event("final", [], finish_reason=reason, error=message))
+            elif kind == "call":
+                item[1].set_exception(NotServing(message))
+
+    def _serve(self) -> None:
+        sched = self.engine.scheduler
+        settled = True  # the engine starts idle
+        while True:
+            if self._drain():
+                settled = False
+            if self._stop_deadline is not None:
+                if settled and not self._active:
+                    return
+                if not self._aborted_for_stop and time.monotonic() >= self._stop_deadline:
+                    self._abort_all()
+                    settled = False
+            if settled:
+                self._wake.wait(IDLE_WAIT_S)
+                self._wake.clear()
+                continue
+            progressed = sched.step()
+            if not progressed and sched.is_idle():
+                sched.settle_idle()
+                settled = True
+            self._publish(settled)
+            if settled:
+                self._after_idle()
+            else:
+                self._refresh_gauges(force=False)
+
+    def _drain(self) -> bool:
+        """Apply queued commands; True when any changed the scheduler's work."""
+        changed = False
+        while True:
+            try:
+                kind, item = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "submit":
+                with self._lock:
+                    self._queued -= 1
+                try:
+                    self._admit(item)
+                except BaseException:  # the engine cannot take requests: answer this one too
+                    item.post(Event("final", [], finish_reason="failed",
+                                    error="the engine stopped serving after an internal error"))
+                    raise
+                changed = True
+            elif kind == "abort":
+                if item.req is not None and not item.final_posted:
+                    self.engine.abort(item.req)
+                    changed = True
+            elif kind == "call":
+                fn, future = item
+                try:
+                    future.set_result(fn(self.engine))
+                except BaseException as exc:
+                    future.set_exception(exc)
+                changed = True
+            elif kind == "stop":
+                self._stop_deadline = item
+                changed = True
+        if changed:
+            self._publish(settled=False)
+        return changed
+
+    def _admit(self, handle: RequestHandle) -> None:
+        if self._stop_deadline is not None:
+            handle.post(Event("final", [], finish_reason="shutdown",
+                              error="the server is shutting down"))
+            return
+        session_id, session_offset = handle.job.session
+        req = self.engine.submit(handle.ids, handle.sampling, session_id=session_id,
+                                 session_offset=session_offset)
+        handle.req = req
+        if req.error is not None:
+            handle.post(Event("final", [], finish_reason="error", error=req.error,
+                              prompt_tokens=len(handle.ids)))
+            return
+        self._active[req.rid] = handle
+        with self._lock:
+            self._accepted = len(self._active)
+        handle.post(Event("accepted", [], prompt_tokens=len(req.origin_input_ids)))
+
+    def _abort_all(self) -> None:
+        self._aborted_for_stop = True
+        for handle in list(self._active.values()):
+            self.engine.abort(handle.req)
+
+    def _publish(self, settled: bool) -> None:
+        """Hand every request's new tokens to its queue; a final event once it ended."""
+        with self._lock:
+            self._sched_waiting = len(self.engine.scheduler.waiting)
+        done: list[int] = []
+        for rid, handle in self._active.items():
+            req = handle.req
+            final = req.finished() and (
+                settled or req.finish_released or req.req_pool_idx is None
+            )
+            new = req.output_ids[handle.sent:]
+            if not new and not final:
+                continue
+            logprobs = req.output_logprobs[handle.sent:] if req.sampling.logprobs else None
+            handle.sent += len(new)
+            if final:
+                handle.post(Event("final", list(new), logprobs, req.finished_reason, req.error,
+                                  req.stop_str, len(req.origin_input_ids), req.cached_tokens))
+                if self.metrics is not None:
+                    self.metrics.request_finished(handle, req)
+                done.append(rid)
+            else:
+                handle.post(Event("tokens", list(new), logprobs))
+        for rid in done:
+            del self._active[rid]
+        with self._lock:
+            self._accepted = len(self._active)
+
+    def _after_idle(self) -> None:
+        from plugserve.testing.memory import assert_memory_whole
+
+        try:
+            assert_memory_whole(self.engine)
+            self.idle_memory_problem = None
+        except AssertionError as exc:
+            self.idle_memory_problem = str(exc)
+            log.error("memory is not whole at idle: %s", exc)
+        self.idle_checks += 1
+        self._refresh_gauges(force=True)
+
+    def _refresh_gauges(self, force: bool) -> None:
+        now = time.monotonic()
+        if self.metrics is None or (not force and now - self._gauges_s < GAUGE_EVERY_S):
+            return
+        self._gauges_s = now
+        self.metrics.engine_state(
+            running=self.running(), waiting=self.waiting(),
+            terms=self.engine.scheduler.kv_terms(), checkers=self.engine.checkers,
+            memory_whole=self.idle_memory_problem is None,
+            stats=dict(self.engine.scheduler.stats),
+        )

@@ -1,0 +1,91 @@
+"""A request's life as the HTTP side sees it: its events and the handles that carry them.
+
+An HTTP request becomes a `Job`: one `RequestHandle` per prompt (one engine request each),
+whose events all go to the job's one asyncio queue, posted from the engine thread with
+`loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from plugserve.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from plugserve.server.engine_loop import EngineLoop
+
+
+@dataclass
+class Event:
+    kind: str  # "accepted", "tokens" or "final"
+    # On "final": the engine's finish reason (stop, length, abort, error: refused at submit
+    # when no "accepted" came first, else a failed generation), or "shutdown" / "failed"
+    # (the loop stopped, or stopped after an engine error).
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    stop_str: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    index: int = 0  # the prompt's position in its HTTP request
+
+
+class RequestHandle:
+    """One engine request. `finished` belongs to the HTTP side; `req`, `sent` and
+    `final_posted` to the engine thread."""
+
+    def __init__(
+        self, job: Job, index: int, ids: list[int], sampling: SamplingParams
+    ) -> None:
+        self.job = job
+        self.index = index
+        self.ids = ids
+        self.sampling = sampling
+        self.finished = False
+        self.req: Any = None
+        self.sent = 0
+        self.final_posted = False
+
+    @property
+    def arrival_s(self) -> float:
+        return self.job.arrival_s
+
+    def post(self, event: Event) -> None:
+        event.index = self.index
+        if event.kind == "final":
+            self.final_posted = True
+        try:
+            self.job.loop.call_soon_threadsafe(self.job.queue.put_nowait, event)
+        except RuntimeError:  # the event loop closed (server stopped): nobody is listening
+            pass
+
+
+class Job:
+    """One HTTP request's engine requests (one per prompt), whose events share one queue."""
+
+    def __init__(self, owner: EngineLoop, arrival_s: float) -> None:
+        self.owner = owner
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.arrival_s = arrival_s  # time.perf_counter() when the HTTP request arrived
+        self.handles: list[RequestHandle] = []
+        self.session: tuple[str | None, int | None] = (None, None)  # (session_id, offset)
+
+    async def next_event(self) -> Event:
+        event = await self.queue.get()
+        if event.kind == "final":
+            self.handles[event.index].finished = True
+        return event
+
+    @property
+    def done(self) -> bool:
+        return all(h.finished for h in self.handles)
+
+    def abort(self) -> None:
+        """Abort every request of the job that has not ended (a client went away)."""
+        for handle in self.handles:
+            if not handle.finished:
+                self.owner.abort(handle)

@@ -1,0 +1,144 @@
+"""Bad requests: each gets its 4xx and an OpenAI-shaped error that says what was wrong, never a
+traceback, and the server keeps serving (a good request right after each is answered)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from plugserve.server.background import BackgroundServer
+from plugserve.server.settings import ServerSettings
+
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+GOOD = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
+MSG = [{"role": "user", "content": "Hi"}]
+
+# (name, method, path, body: dict = JSON, str = raw text, status, words in the message, param)
+CASES: list[tuple[str, str, str, Any, int, str, str | None]] = [
+    ("malformed JSON", "POST", C, '{"prompt": "x", ', 400, "malformed JSON body", None),
+    ("body not an object", "POST", C, "[1, 2]", 400, "valid dictionary", None),
+    ("NaN literal temperature", "POST", C, '{"prompt": "x", "temperature": NaN}', 400,
+     "temperature must be 0 (greedy) or a finite number", "temperature"),
+    ("missing prompt", "POST", C, {"max_tokens": 3}, 400, "prompt: field required", "prompt"),
+    ("missing messages", "POST", CHAT, {"max_tokens": 3}, 400, "messages: field required",
+     "messages"),
+    ("prompt of wrong type", "POST", C, {"prompt": 5}, 400, "prompt must be a string", "prompt"),
+    ("mixed prompt list", "POST", C, {"prompt": ["a", 1]}, 400, "not a mix", "prompt"),
+    ("empty prompt list", "POST", C, {"prompt": []}, 400, "empty list", "prompt"),
+    ("empty prompt", "POST", C, {"prompt": ""}, 400, "prompt is empty", "prompt"),
+    ("negative max_tokens", "POST", C, {"prompt": "x", "max_tokens": -1}, 400,
+     "max_tokens must be at least 1", "max_tokens"),
+    ("max_tokens as text", "POST", C, {"prompt": "x", "max_tokens": "5"}, 400,
+     "max_tokens: Input should be a valid integer", "max_tokens"),
+    ("negative temperature", "POST", C, {"prompt": "x", "temperature": -1}, 400,
+     "temperature must be 0", "temperature"),
+    ("temperature as bool", "POST", C, {"prompt": "x", "temperature": True}, 400,
+     "temperature: Input should be a valid number", "temperature"),
+    ("top_p 0", "POST", C, {"prompt": "x", "top_p": 0}, 400, "top_p must be a finite number in "
+     "(0, 1], got 0", "top_p"),
+    ("top_k 0", "POST", C, {"prompt": "x", "top_k": 0}, 400, "top_k must be -1", "top_k"),
+    ("seed as float", "POST", C, {"prompt": "x", "seed": 1.5}, 400, "seed", "seed"),
+    ("n=2", "POST", C, {"prompt": "x", "n": 2}, 400, "n must be 1, got 2", "n"),
+    ("top logprobs", "POST", C, {"prompt": "x", "logprobs": 5}, 400,
+     "sampled token's logprob only", "logprobs"),
+    ("empty stop string", "POST", C, {"prompt": "x", "stop": [""]}, 400,
+     "stop strings must not be empty", "stop"),
+    ("unknown field", "POST", C, {"prompt": "x", "sesion_id": 3}, 400,
+     "sesion_id: unknown field", "sesion_id"),
+    ("echo", "POST", C, {"prompt": "x", "echo": True}, 400, "echo is not supported", "echo"),
+    ("stream as text", "POST", C, {"prompt": "x", "stream": "yes"}, 400, "stream", "stream"),
+    ("token id outside the vocabulary", "POST", C, {"prompt": [1, 999999]}, 400,
+     "outside the vocabulary", "prompt"),
+    ("prompt over the context", "POST", C, {"prompt": [7] * 600}, 413,
+     "prompt has 600 tokens; the context holds 512", "prompt"),
+    ("chat over the context", "POST", CHAT,
+     {"messages": [{"role": "user", "content": "y" * 700}]}, 413, "the context holds 512",
+     "prompt"),
+    ("unknown model", "POST", C, {"model": "gpt-9", "prompt": "x"}, 404,
+     "model 'gpt-9' does not exist", "model"),
+    ("unknown model id", "GET", "/v1/models/gpt-9", None, 404, "does not exist", "model"),
+    ("unknown route", "POST", "/v1/embeddings", {"input": "x"}, 404, "no route POST", None),
+    ("wrong method", "GET", C, None, 405, "method GET is not allowed", None),
+    ("chat with a bad role", "POST", CHAT, {"messages": [{"role": "robot", "content": "x"}]},
+     400, "messages.0.role", "messages"),
+    ("chat with an image", "POST", CHAT, {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400, "messages.0.content",
+     "messages"),
+    ("chat without messages", "POST", CHAT, {"messages": []}, 400, "at least one message",
+     "messages"),
+    ("chat top_logprobs", "POST", CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 3},
+     400, "top_logprobs must be 0", "top_logprobs"),
+    ("huge body", "POST", C, {"prompt": "x" * (100 << 10)}, 413, "larger than the server's "
+     "limit of 65,536 bytes", None),
+]
+
+
+def send(http: httpx.Client, method: str, path: str, body: Any) -> httpx.Response:
+    if body is None:
+        return http.request(method, path)
+    if isinstance(body, str):
+        return http.request(method, path, content=body,
+                            headers={"content-type": "application/json"})
+    return http.request(method, path, json=body)
+
+
+@pytest.mark.parametrize(("name", "method", "path", "body", "status", "words", "param"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_bad_request_then_good(http: httpx.Client, name: str, method: str, path: str,
+                               body: Any, status: int, words: str, param: str | None) -> None:
+    response = send(http, method, path, body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert words in error["message"], error["message"]
+    assert error["param"] == param
+    assert "Traceback" not in response.text and 'File "' not in response.text
+    good = http.post(C, json=GOOD)
+    assert good.status_code == 200, good.text
+    assert good.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_huge_chunked_body(http: httpx.Client) -> None:
+    """A body with no Content-Length is counted as it arrives."""
+    payload = json.dumps({"prompt": "x" * (200 << 10)}).encode()
+    chunks = (payload[i:i + 8192] for i in range(0, len(payload), 8192))
+    response = http.post(C, content=chunks, headers={"content-type": "application/json"})
+    assert response.status_code == 413, response.text
+    assert "larger than the server's limit" in response.json()["error"]["message"]
+    assert http.post(C, json=GOOD).status_code == 200
+
+
+def test_rejections_counted(http: httpx.Client) -> None:
+    http.post(C, json={"prompt": "x", "n": 3})
+    text = http.get("/metrics").text
+    assert 'plugserve_http_errors_total{status="400",type="invalid_request_error"}' in text
+    assert 'plugserve_requests_total{outcome="rejected"}' in text
+
+
+def test_api_key(served: Any) -> None:
+    import openai
+
+    with served(ServerSettings(api_key="sekret")) as server:
+        assert isinstance(server, BackgroundServer)
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            missing = http.post(C, json=GOOD)
+            assert missing.status_code == 401
+            assert missing.headers["www-authenticate"] == "Bearer"
+            assert "missing API key" in missing.json()["error"]["message"]
+            wrong = http.post(C, json=GOOD, headers={"Authorization": "Bearer nope"})
+            assert wrong.status_code == 401
+            assert wrong.json()["error"]["code"] == "invalid_api_key"
+            # Refused before the body is read: a malformed body still gets the 401.
+            bad = http.post(C, content="{", headers={"content-type": "application/json"})
+            assert bad.status_code == 401
+            assert http.get("/health").status_code == 200  # probes need no key
+            assert http.get("/metrics").status_code == 200
+        oa = openai.OpenAI(base_url=server.url + "/v1", api_key="sekret", max_retries=0)
+        assert oa.completions.create(model=server.app.state.server.model_id, prompt="Hi",
+                                     max_tokens=2).usage is not None
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0
+                          ).models.list()

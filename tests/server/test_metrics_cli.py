@@ -1,0 +1,162 @@
+"""`/metrics`, `/health`, and `plugserve serve` as a user runs it: a subprocess on a loopback
+port that answers, then stops on SIGINT / SIGTERM with its memory whole."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from plugserve.server.background import BackgroundServer
+
+C = "/v1/completions"
+
+
+def test_metrics_after_requests(server: BackgroundServer, http: httpx.Client) -> None:
+    for _ in range(2):
+        assert http.post(C, json={"prompt": "Hi there", "max_tokens": 3,
+                                  "ignore_eos": True}).status_code == 200
+    http.post(C, json={"prompt": "x", "top_p": 0})
+    text = http.get("/metrics").text
+    for line in (
+        'plugserve_requests_total{outcome="length"}',
+        'plugserve_requests_total{outcome="rejected"}',
+        "plugserve_prompt_tokens_total",
+        "plugserve_generation_tokens_total",
+        "plugserve_time_to_first_token_seconds_bucket",
+        "plugserve_inter_token_latency_seconds_count",
+        "plugserve_request_latency_seconds_sum",
+        "plugserve_requests_running 0.0",
+        "plugserve_requests_waiting 0.0",
+        'plugserve_kv_slots{pool="full",term="available"}',
+        'plugserve_kv_slots{pool="full",term="uncached"}',
+        'plugserve_kv_slots{pool="full",term="total"}',
+        'plugserve_kv_balance_slots{pool="full"} 0.0',
+        "plugserve_memory_whole_at_idle 1.0",
+        "plugserve_checker_level 1.0",
+        "plugserve_engine_up 1.0",
+    ):
+        assert line in text, line
+    steps = next(float(row.split()[-1]) for row in text.splitlines()
+                 if row.startswith("plugserve_checker_steps_checked "))
+    assert steps > 0  # the checker proved the busy steps of these requests
+
+
+def test_health(http: httpx.Client) -> None:
+    health = http.get("/health")
+    assert health.status_code == 200
+    document = health.json()
+    assert document["status"] == "ok" and document["memory_whole_at_idle"] is True
+    assert document["engine_error"] is None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_serve(model: Path, port: int, *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PLUGSERVE_MEM_CHECK": "1", "PLUGSERVE_CHECK_PAGES": "1",
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "plugserve", "serve", "--model", str(model), "--port", str(port),
+         *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+
+
+def wait_healthy(proc: subprocess.Popen[str], url: str, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail("plugserve serve did not become healthy")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_serve_command_stops_on_signal(tiny_model_dir: Path, sig: signal.Signals) -> None:
+    port = free_port()
+    proc = start_serve(tiny_model_dir, port, "--api-key", "k", "--max-waiting", "8")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(proc, url)
+        headers = {"Authorization": "Bearer k"}
+        models = httpx.get(url + "/v1/models", headers=headers).json()
+        assert models["data"][0]["id"] == tiny_model_dir.name
+        reply = httpx.post(url + C, headers=headers, timeout=30,
+                           json={"prompt": "Hi", "max_tokens": 4, "ignore_eos": True})
+        assert reply.json()["usage"]["completion_tokens"] == 4
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert f"serving {tiny_model_dir.name} on http://127.0.0.1:{port}/v1" in err
+    assert "stopped; memory whole at idle: yes" in err
+    assert "Traceback" not in err
+
+
+def test_serve_refuses_a_busy_port(tiny_model_dir: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = start_serve(tiny_model_dir, port)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert err.strip().splitlines()[-1].startswith(f"error: cannot listen on 127.0.0.1:{port}")
+
+
+def test_engine_failure(tiny_model_dir: Path) -> None:
+    """A step that raises (as a leak found by the checker does) stops the engine: the request
+    in flight gets a 500 without a traceback, /health turns 503, new requests get a 503, and
+    the HTTP server stays up to say so."""
+    from plugserve.engine import Engine
+
+    engine = Engine(model=str(tiny_model_dir), mem_check=1, check_pages=True)
+    try:
+        with BackgroundServer(engine) as server, \
+                httpx.Client(base_url=server.url, timeout=30) as http:
+            def break_steps(e: Any) -> None:
+                real = e.scheduler.step
+
+                def step() -> bool:
+                    if e.scheduler.waiting:  # fails once a request came in
+                        raise RuntimeError("simulated step failure")
+                    return bool(real())
+
+                e.scheduler.step = step
+
+            server.engine_loop.call(break_steps)
+            failed = http.post(C, json={"prompt": "Hi", "max_tokens": 4})
+            assert failed.status_code == 500
+            error = failed.json()["error"]
+            assert error["type"] == "internal_error"
+            assert "the engine stopped serving after an internal error: RuntimeError" in \
+                error["message"]
+            assert "Traceback" not in failed.text
+            health = http.get("/health")
+            assert health.status_code == 503
+            assert health.json()["engine_error"] == "RuntimeError"
+            later = http.post(C, json={"prompt": "Hi", "max_tokens": 4})
+            assert later.status_code == 503
+            assert "plugserve_engine_up 0.0" in http.get("/metrics").text
+    finally:
+        engine.close()
