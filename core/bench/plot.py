@@ -2,7 +2,8 @@
 
 throughput: output tok/s per run (and transformers). shared-prefix: output tok/s, mean TTFT
 and prefill tokens computed per cache setting (with the total and unique prompt tokens).
-spec: output tok/s and acceptance length per configuration.
+spec: output tok/s and acceptance length per configuration. serving: output tok/s, mean TTFT,
+mean TPOT (and goodput) per request rate.
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ def panels(report: dict[str, Any]) -> list[Panel]:
              *(float(r["prefill_tokens_computed"]) for r in runs)],
             fmt="%d",
         ))
+    elif kind == "serving":
+        out.append(Panel("TTFT mean (ms)", names,
+                         [float(r["ttft_s"]["mean"] or 0.0) * 1000 for r in runs]))
+        out.append(Panel("TPOT mean (ms)", names,
+                         [float(r["tpot_s"]["mean"] or 0.0) * 1000 for r in runs]))
+        if any(r.get("goodput_req_per_s") is not None for r in runs):
+            out.append(Panel("goodput (req/s within the limits)", names,
+                             [float(r["goodput_req_per_s"] or 0.0) for r in runs], fmt="%.2f"))
     elif kind == "spec":
         spec = [r for r in runs if r["accept_len"] is not None]
         out.append(Panel("acceptance length (tokens / verify round)", [r["name"] for r in spec],

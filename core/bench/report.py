@@ -19,6 +19,11 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     work = report["workload"]
     name = work.get("name", "throughput")
+    if name == "serving":  # measured over HTTP: no engine step times
+        from plugserve.bench.serving_report import print_serving_report
+
+        print_serving_report(report, console)
+        return
     title = TITLES.get(name, name).format(**work)
     console.print(throughput_table(report, title))
     console.print(latency_table(report))
@@ -39,6 +44,8 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
             f"{r['name']} {_ratio(r.get('vs_transformers'))}" for r in report["runs"]
         )
         _say(console, f"plugserve / transformers (output tok/s): {ratios}")
+    if report.get("vllm") is not None:
+        vllm_lines(report, console)
 
 
 def _say(console: Any, text: str) -> None:
@@ -62,10 +69,13 @@ def throughput_table(report: dict[str, Any], title: str) -> Any:
     from rich.table import Table
 
     hf = report.get("transformers")
+    vllm = report.get("vllm")
     table = Table("run", "reqs", "prompt tok", "output tok", "seconds", "req/s", "input tok/s",
                   "output tok/s", title=title)
     if hf is not None:
         table.add_column("vs HF")
+    if vllm is not None:
+        table.add_column("vs vLLM")
     for run in report["runs"]:
         row = [
             run["name"],
@@ -79,6 +89,8 @@ def throughput_table(report: dict[str, Any], title: str) -> Any:
         ]
         if hf is not None:
             row.append(_ratio(run.get("vs_transformers")))
+        if vllm is not None:
+            row.append(_ratio(run.get("vs_vllm")))
         table.add_row(*row)
     if hf is not None:
         seconds = hf["seconds"]
@@ -93,8 +105,55 @@ def throughput_table(report: dict[str, Any], title: str) -> Any:
             _num(hf["output_tok_per_s"]),
             "1.00x",
         ]
+        if vllm is not None:
+            row.append(_ratio(_over(hf["output_tok_per_s"], vllm.get("output_tok_per_s"))))
+        table.add_row(*row)
+    if vllm is not None:
+        seconds = vllm.get("seconds")
+        row = [
+            f"vLLM {vllm.get('vllm_version', '')} (CPU)".replace("  ", " "),
+            str(vllm.get("requests", "-")),
+            f"{vllm.get('prompt_tokens', 0):,}",
+            f"{vllm.get('output_tokens', 0):,}",
+            _num(seconds, 2),
+            _num(_over(vllm.get("requests"), seconds), 2),
+            _num(_over(vllm.get("prompt_tokens"), seconds)),
+            _num(vllm.get("output_tok_per_s")),
+        ]
+        if hf is not None:
+            row.append(_ratio(_over(vllm.get("output_tok_per_s"), hf["output_tok_per_s"])))
+        row.append("1.00x")
         table.add_row(*row)
     return table
+
+
+def _over(a: Any, b: Any) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def vllm_lines(report: dict[str, Any], console: Any) -> None:
+    vllm = report["vllm"]
+    runs = report["runs"]
+    ratios = ", ".join(f"{r['name']} {_ratio(r.get('vs_vllm'))}" for r in runs)
+    _say(console, f"plugserve / vLLM (output tok/s): {ratios}")
+    agreeing = []
+    first = None
+    for run in runs:
+        agree = run.get("vllm_agreement")
+        if agree is None:
+            continue
+        first, fraction = agree["first_tokens"], agree["fraction"]
+        agreeing.append(
+            f"{run['name']} {'-' if fraction is None else f'{fraction:.1%}'} (common prefix "
+            f"{_num(agree['common_prefix_mean'])} tokens, {agree['requests_identical']} of "
+            f"{agree['requests']} requests identical)"
+        )
+    if agreeing:
+        _say(console, f"first {first} greedy tokens equal to vLLM's: {'; '.join(agreeing)}")
+    _say(console, f"vLLM: prefill of all {vllm.get('requests', '-')} prompts (1 output token) "
+                  f"{_num(vllm.get('prefill_seconds'), 2)} s; start-up (load, "
+                  f"compile) {_num(vllm.get('load_seconds'))} s; {vllm.get('dtype', '')}, "
+                  f"{vllm.get('python', '')}")
 
 
 def latency_table(report: dict[str, Any]) -> Any:

@@ -92,6 +92,8 @@ class Runner:
     plugins: tuple[str, ...] = ()
     console: Any = None
     show_progress: bool = True
+    # Every timed run so far, in order (`--compare vllm` replays the first one's requests).
+    measured: list[Measured] = field(default_factory=list, init=False, repr=False)
     _progress: Progress | None = field(default=None, init=False, repr=False)
 
     @contextmanager
@@ -187,7 +189,9 @@ class Runner:
             k: float(v) - float(step_before.get(k, 0.0))
             for k, v in after.get("step_time_s", {}).items()
         }
-        return Measured(label, reqs, seconds, counters, step_time)
+        result = Measured(label, reqs, seconds, counters, step_time)
+        self.measured.append(result)
+        return result
 
 
 def warm_up(engine: Engine, prompt: Prompt | None) -> None:

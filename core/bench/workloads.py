@@ -12,12 +12,15 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from plugserve.bench import shared_prefix, spec, throughput
+from plugserve.bench import long_context, sessions, shared_prefix, spec, throughput
 
 if TYPE_CHECKING:
     from plugserve.bench.hf import Comparison
     from plugserve.bench.runner import Runner
     from plugserve.config import EngineConfig
+
+
+SERVING = "serving"  # against a running server: no engine here (plugserve.bench.serving)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ WORKLOADS: dict[str, Workload] = {
         Workload(throughput, "random prompts and output lengths, all at once"),
         Workload(shared_prefix, "groups sharing a system prefix; radix cache on vs off"),
         Workload(spec, "chat prompts; plain vs EAGLE chain vs tree, page 1/16, batch 1/8"),
+        Workload(sessions, "multi-turn conversations; streaming sessions vs re-sent history"),
+        Workload(long_context, "long prompts on a hybrid SWA model; SWA pools vs one pool"),
     )
 }
 
@@ -55,5 +60,5 @@ def get_workload(name: str) -> Workload:
         return WORKLOADS[name]
     except KeyError:
         raise ValueError(
-            f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}"
+            f"unknown workload {name!r}; choose one of: {', '.join([*WORKLOADS, SERVING])}"
         ) from None

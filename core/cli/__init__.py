@@ -13,8 +13,11 @@ from __future__ import annotations
 import typer
 
 from plugserve.cli.bench import bench_command
+from plugserve.cli.chat import chat_command
+from plugserve.cli.conformance import conformance_command
 from plugserve.cli.generate import generate_command
 from plugserve.cli.plugins_cmd import plugins_command
+from plugserve.cli.serve import serve_command
 
 __all__ = ["app", "main"]
 
@@ -26,8 +29,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("generate")(generate_command)
+app.command("chat")(chat_command)
 app.command("plugins")(plugins_command)
 app.command("bench")(bench_command)
+app.command("serve")(serve_command)
+app.command("conformance")(conformance_command)
 
 
 def main() -> None:

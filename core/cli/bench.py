@@ -13,8 +13,11 @@ from typing import Annotated, Any
 import typer
 
 from plugserve.cli.bench_options import (
+    add_vllm_run,
     bench_workload_options,
     check_plot_path,
+    checked_vllm,
+    parse_compare,
     refuse_foreign_options,
 )
 from plugserve.cli.errors import UsageError, reported_errors
@@ -48,7 +51,8 @@ def bench_command(
         str,
         typer.Argument(
             metavar="WORKLOAD",
-            help="throughput (default), shared-prefix or spec.",
+            help="throughput (default), shared-prefix, spec, sessions, long-context or "
+            "serving.",
             show_default=False,
         ),
     ] = "throughput",
@@ -66,7 +70,8 @@ def bench_command(
     spec_topk: SpecTopkOpt = None,
     spec_draft_tokens: SpecDraftTokensOpt = None,
     num_seqs: Annotated[
-        int | None, typer.Option(help="throughput: requests in the workload (default 64).")
+        int | None, typer.Option(help="throughput: requests in the workload (default 64); "
+                                 "serving: requests per rate (default 32).")
     ] = None,
     max_input_len: Annotated[
         int | None,
@@ -77,7 +82,9 @@ def bench_command(
         typer.Option(help="throughput: longest output (tokens, >= 16) (default 256)."),
     ] = None,
     seed: Annotated[
-        int | None, typer.Option(help="throughput, shared-prefix: workload seed (default 0).")
+        int | None,
+        typer.Option(help="throughput, shared-prefix, sessions, serving: workload seed "
+                     "(default 0)."),
     ] = None,
     groups: Annotated[
         int | None, typer.Option(help="shared-prefix: groups G (default 8).")
@@ -95,17 +102,60 @@ def bench_command(
     output_len: Annotated[
         int | None,
         typer.Option(help="shared-prefix: output tokens O (default 32); spec: new tokens "
-                     "N (default 64)."),
+                     "N (default 64); serving: output tokens per request (default 64)."),
     ] = None,
     spec_prompts: Annotated[
         int | None, typer.Option(help="spec: chat prompts used (default 8).")
     ] = None,
+    sessions: Annotated[
+        int | None, typer.Option(help="sessions: conversations S (default 8).")
+    ] = None,
+    turns: Annotated[
+        int | None, typer.Option(help="sessions: turns T per conversation (default 32).")
+    ] = None,
+    turn_input_len: Annotated[
+        int | None, typer.Option(help="sessions: new tokens per turn (default 32).")
+    ] = None,
+    turn_output_len: Annotated[
+        int | None, typer.Option(help="sessions: output tokens per turn (default 32).")
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option(help="serving: the server, e.g. http://127.0.0.1:8000.")
+    ] = None,
+    request_rate: Annotated[
+        str | None,
+        typer.Option(help="serving: requests/s (Poisson), comma-separated for several runs; "
+                     "inf = all at once (default inf)."),
+    ] = None,
+    max_concurrency: Annotated[
+        int | None, typer.Option(help="serving: most requests in flight (default: no limit).")
+    ] = None,
+    dataset: Annotated[
+        str | None,
+        typer.Option(help="serving: random (token-id prompts) or chat (shipped chat prompts) "
+                     "(default random)."),
+    ] = None,
+    input_len: Annotated[
+        int | None, typer.Option(help="serving: random prompt tokens (default 128).")
+    ] = None,
+    goodput: Annotated[
+        str | None,
+        typer.Option(help="serving: latency limits in ms for goodput, e.g. ttft:500,tpot:50 "
+                     "(also e2el)."),
+    ] = None,
     compare: Annotated[
-        str | None, typer.Option(help="Also time another implementation: transformers.")
+        str | None,
+        typer.Option(help="Also time another implementation: transformers, vllm, or both "
+                     "(transformers,vllm)."),
     ] = None,
     hf_batch_sizes: Annotated[
         str, typer.Option(help="Batch sizes tried for transformers; the best counts.")
     ] = "16,32,64",
+    vllm_python: Annotated[
+        Path | None,
+        typer.Option(metavar="PATH", help="--compare vllm: the Python interpreter that has "
+                     "vLLM (benchmarks/setup_vllm.sh makes .venv-vllm/bin/python)."),
+    ] = None,
     plot: Annotated[
         Path | None,
         typer.Option(metavar="FILE.png", help="Write a bar chart of the main figures."),
@@ -124,6 +174,17 @@ def bench_command(
     spec           chat prompts; plain vs EAGLE chain (3 steps) vs tree (topk 4,
                    8 tokens), page size 1 and 16, batch 1 and 8; needs a draft
                    model (--draft-model) unless the engine ships one
+    sessions       S conversations x T turns, all S advancing one turn per
+                   round (batched); streaming sessions (only new tokens sent)
+                   vs re-sending the history to the radix cache; per-turn
+                   latency (head vs tail) and prefill tokens computed per turn
+    long-context   long prompts (4,096-token contexts) on a hybrid sliding-window
+                   model (tiny Gemma-3 shape unless --model): SWA pools vs one
+                   full pool under the same KV bytes; peak slots per pool and
+                   the most requests running at once
+    serving        against a running server (--base-url): streaming requests at
+                   --request-rate (Poisson) or --max-concurrency; reports TTFT,
+                   ITL, TPOT, E2E latency (mean, median, p99) and goodput
 
     \b
     Every run reports req/s, input and output tok/s, and
@@ -140,6 +201,30 @@ def bench_command(
     """
 
     with reported_errors(debug):
+        serving_values: dict[str, Any] = {
+            "base_url": base_url, "request_rate": request_rate,
+            "max_concurrency": max_concurrency, "dataset": dataset, "input_len": input_len,
+            "goodput": goodput,
+        }
+        if workload == "serving":
+            offline = {  # options of the offline workloads and of the engine
+                "model": model, "plugin": plugin, "attention": attention, "cache": cache,
+                "page_size": page_size, "dtype": dtype, "device": device,
+                "mem_check": mem_check, "spec": spec, "draft_model": draft_model,
+                "spec_steps": spec_steps, "spec_topk": spec_topk,
+                "spec_draft_tokens": spec_draft_tokens, "compare": compare,
+                "vllm_python": vllm_python,
+                "max_input_len": max_input_len, "max_output_len": max_output_len,
+                "groups": groups, "prompts_per_group": prompts_per_group,
+                "prefix_len": prefix_len, "question_len": question_len,
+                "spec_prompts": spec_prompts, "sessions": sessions, "turns": turns,
+                "turn_input_len": turn_input_len, "turn_output_len": turn_output_len,
+            }
+            serving_values.update(num_seqs=num_seqs, output_len=output_len, seed=seed)
+            from plugserve.bench.serving_cli import run_serving
+
+            run_serving(serving_values, offline, plot, json_out)
+            return
         from plugserve.bench.hf import Comparison
         from plugserve.bench.runner import Runner
         from plugserve.bench.workloads import get_workload
@@ -169,6 +254,11 @@ def bench_command(
             "question_len": question_len,
             "output_len": output_len,
             "spec_prompts": spec_prompts,
+            "sessions": sessions,
+            "turns": turns,
+            "turn_input_len": turn_input_len,
+            "turn_output_len": turn_output_len,
+            **serving_values,
         }
         refuse_foreign_options(chosen.name, chosen.engine_fields_set, engine_values,
                                workload_values)
@@ -189,8 +279,7 @@ def bench_command(
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []
             host = checked_plugin_host(options, config, debug)
-            if compare not in (None, "transformers"):
-                raise UsageError(f"--compare {compare!r} is not supported; allowed: transformers")
+            compared = parse_compare(compare, vllm_python)
             try:
                 batch_sizes = tuple(
                     int(part) for part in hf_batch_sizes.split(",") if part.strip()
@@ -204,7 +293,7 @@ def bench_command(
                 if spec_draft_model is not None:
                     workload_options = dataclasses.replace(workload_options,
                                                            draft_model=spec_draft_model)
-                comparison = Comparison(batch_sizes) if compare == "transformers" else None
+                comparison = Comparison(batch_sizes) if "transformers" in compared else None
             except ValueError as exc:
                 raise UsageError(f"invalid benchmark options: {exc}") from None
             for label, derived in chosen.engine_configs(config, workload_options).items():
@@ -214,10 +303,13 @@ def bench_command(
                         f"unsupported configuration for {chosen.name} run {label!r}: "
                         + "; ".join(reasons)
                     )
+            vllm = checked_vllm(vllm_python, config, chosen.name) if "vllm" in compared else None
             runner = Runner(config, tuple(options), console=stderr_console(),
                             show_progress=not json_out)
             with runner.session():
                 report = chosen.run(runner, workload_options, comparison)
+                if vllm is not None:
+                    add_vllm_run(report, vllm, runner)
             if plot is not None:
                 report["plot"] = str(write_plot(report, plot))
             if json_out:
@@ -225,7 +317,11 @@ def bench_command(
             else:
                 from plugserve.bench.report import print_report
 
-                print_report(report)
+                if not getattr(chosen.module, "OWN_REPORT", False):  # long-context: own table
+                    print_report(report)
+                tables = getattr(chosen.module, "print_tables", None)  # the workload's own
+                if tables is not None:
+                    tables(report)
                 if plot is not None:
                     typer.echo(f"plot written to {report['plot']}", err=True)
 

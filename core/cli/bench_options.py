@@ -17,6 +17,8 @@ WORKLOAD_OPTIONS: dict[str, tuple[str, ...]] = {
         "groups", "prompts_per_group", "prefix_len", "question_len", "output_len", "seed",
     ),
     "spec": ("spec_prompts", "output_len"),
+    "sessions": ("sessions", "turns", "turn_input_len", "turn_output_len", "seed"),
+    "long-context": ("num_seqs", "output_len", "seed"),
 }
 
 
@@ -56,6 +58,14 @@ def bench_workload_options(workload: str, values: dict[str, Any]) -> Any:
         return ThroughputOptions(**given)
     if workload == "shared-prefix":
         return SharedPrefixOptions(**given)
+    if workload == "long-context":
+        from plugserve.bench.long_context import LongContextOptions
+
+        return LongContextOptions(**given)
+    if workload == "sessions":
+        from plugserve.bench.sessions import SessionsOptions
+
+        return SessionsOptions(**given)
     if "spec_prompts" in given:
         given["num_prompts"] = given.pop("spec_prompts")
     return SpecOptions(**given)
@@ -86,3 +96,47 @@ def check_plot_path(path: Path | None) -> None:
     problem = plot_path_problem(path)
     if problem is not None:
         raise UsageError(f"--plot {str(path)!r} cannot be written: {problem}")
+
+
+COMPARISONS = ("transformers", "vllm")
+
+
+def parse_compare(compare: str | None, vllm_python: Path | None) -> tuple[str, ...]:
+    """`--compare transformers,vllm`: the implementations to time besides the engine."""
+    from plugserve.bench.vllm import SETUP_HINT
+
+    chosen = tuple(part.strip() for part in (compare or "").split(",") if part.strip())
+    for part in chosen:
+        if part not in COMPARISONS:
+            raise UsageError(f"--compare {part!r} is not supported; allowed: "
+                             f"{', '.join(COMPARISONS)}")
+    if "vllm" in chosen and vllm_python is None:
+        raise UsageError(f"--compare vllm needs --vllm-python PATH, an interpreter with vLLM: "
+                         f"{SETUP_HINT}")
+    if vllm_python is not None and "vllm" not in chosen:
+        raise UsageError("--vllm-python applies only with --compare vllm")
+    return tuple(dict.fromkeys(chosen))
+
+
+def checked_vllm(python: Path | None, config: Any, workload: str) -> Any:
+    """The `--compare vllm` run, its interpreter checked before any engine starts."""
+    from plugserve.bench.vllm import VllmComparison, VllmError
+
+    assert python is not None  # parse_compare refuses --compare vllm without it
+    comparison = VllmComparison(python)
+    try:
+        comparison.check(config, workload)
+    except VllmError as exc:
+        raise UsageError(str(exc)) from None
+    return comparison
+
+
+def add_vllm_run(report: dict[str, Any], comparison: Any, runner: Any) -> None:
+    """Run vLLM on the first timed run's requests and add its figures to the report."""
+    from plugserve.bench.vllm import VllmError, add_vllm_comparison
+
+    try:
+        result = comparison.run_measured(runner, runner.measured)
+    except VllmError as exc:
+        raise UsageError(str(exc)) from None
+    add_vllm_comparison(report, result, runner.measured)

@@ -61,6 +61,7 @@ def plugins_document(host: PluginHost, *, include_skipped: bool) -> dict[str, An
                         "name": e.name,
                         "description": e.description,
                         "capabilities": e.capabilities_dict(),
+                        "notes": list(getattr(e.capabilities, "notes", ())),
                         **(
                             {"page_tree_whitelisted": e.name in PAGE_TREE_WHITELIST}
                             if e.kind == "attention backend"
@@ -120,12 +121,14 @@ def print_plugins(document: dict[str, Any]) -> None:
         for entry in row.get("registers", []):
             # An attention backend's "page>1+topk>1" comes from the whitelist (registry).
             caps = ", ".join(f"{k}={_cap(v)}" for k, v in entry["capabilities"].items())
+            # Notes (e.g. "not verified on a GPU yet") qualify the capabilities they follow.
+            notes = "".join(f"\nnote: {note}" for note in entry.get("notes", []))
             registered.add_row(
                 entry["kind"],
                 entry["name"],
                 row["name"],
                 escape(caps),
-                escape(entry["description"]),
+                escape(entry["description"] + notes),
             )
     console.print(plugins_table)
     console.print(registered)

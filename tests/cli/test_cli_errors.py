@@ -114,9 +114,14 @@ CASES: dict[str, tuple[list[str], str, str]] = {
         "error: plugin 'builtin' is essential and cannot be disabled",
     ),
     "bench: unknown comparison": (
+        ["bench", "--compare", "sglang"],
+        "",
+        "error: --compare 'sglang' is not supported; allowed: transformers, vllm",
+    ),
+    "bench: vllm comparison without its interpreter": (
         ["bench", "--compare", "vllm"],
         "",
-        "error: --compare 'vllm' is not supported; allowed: transformers",
+        "error: --compare vllm needs --vllm-python PATH, an interpreter with vLLM: ",
     ),
     "bench: prompts shorter than the workload's minimum": (
         ["bench", "--max-input-len", "8"],

@@ -1,0 +1,187 @@
+"""Batch-1 decode roofline: how close plugserve's decode step comes to the memory bandwidth.
+
+At batch 1 a decode step has to read every weight once (a tied embedding in full, as the LM
+head; an untied one only one row) and the KV cache of its context, so on a machine that reads
+B bytes/s it cannot take less than bytes / B. This script measures
+
+- B: the read bandwidth of this machine, `sum()` of a large float32 tensor (best of several),
+  and for reference a `copy_` (read + write) and one GEMV shaped like the LM head in each dtype
+  (what the matmul kernel itself reaches);
+- plugserve's batch-1 decode step on the default model (or --model), fp32 and bf16: one
+  request of --prompt-len random tokens and --new-tokens output tokens, greedy, EOS ignored;
+  the step time is TPOT, (latency - TTFT) / (new tokens - 1), best of --repeats; the forward
+  alone is the engine's `forward` phase time over the decode steps;
+- the bytes per step: the weights as the matmuls read them (a float32 copy where the CPU has
+  no native half-precision matmul, see core/model/layers.py) plus the KV of the mean context;
+
+and prints the bandwidth bound, the measured step and their ratio (the fraction of the
+roofline reached). Torch uses `torch.get_num_threads()` threads for both (OMP_NUM_THREADS).
+
+    python benchmarks/roofline.py [--dtypes float32,bfloat16] [--prompt-len 128]
+        [--new-tokens 128] [--repeats 3] [--bandwidth-mib 1024] [--model PATH] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+GB = 1e9
+
+
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up (page faults, thread pool)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_bandwidth(mib: int, repeats: int) -> dict[str, float]:
+    n = mib * 2**20 // 4
+    src = torch.ones(n, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    nbytes = src.numel() * src.element_size()
+    read = best_seconds(lambda: src.sum(), repeats)
+    copy = best_seconds(lambda: dst.copy_(src), repeats)
+    return {
+        "buffer_bytes": nbytes,
+        "read_gb_s": nbytes / read / GB,
+        "copy_gb_s": 2 * nbytes / copy / GB,  # read + write
+    }
+
+
+def measure_gemv(rows: int, cols: int, dtype: torch.dtype, repeats: int) -> float:
+    """GB/s of one x[1, cols] @ W[rows, cols].T, the weight's bytes over the time."""
+    weight = torch.randn(rows, cols).to(dtype)
+    x = torch.randn(1, cols).to(dtype)
+    seconds = best_seconds(lambda: F.linear(x, weight), max(repeats, 20))
+    return weight.numel() * weight.element_size() / seconds / GB
+
+
+def weight_bytes(model: Any) -> tuple[int, bool]:
+    """Bytes a decode step reads from the weights, and whether the matmuls upcast to fp32."""
+    from plugserve.model.layers import upcasts_matmul
+
+    embed = model.embed_tokens.weight
+    tied = getattr(model, "lm_head", None) is None
+    total, upcast = 0, False
+    for param in model.parameters():
+        if param is embed and not tied:
+            total += param.shape[-1] * param.element_size()  # one row looked up
+            continue
+        size = param.element_size()
+        if param.dim() == 2 and upcasts_matmul(param):
+            size, upcast = 4, True  # the matmul reads its float32 copy
+        total += param.numel() * size
+    return total, upcast
+
+
+def kv_bytes_per_token(engine: Any) -> int:
+    arch = engine.arch
+    layers = len(engine.model.layers)
+    elt = torch.empty((), dtype=engine.dtype).element_size()
+    return int(layers * 2 * arch.num_key_value_heads * arch.head_dim * elt)
+
+
+def decode_step(engine: Any, prompt: list[int], new_tokens: int,
+                repeats: int) -> dict[str, float]:
+    from plugserve.sampling import SamplingParams
+
+    def forward_s() -> float:
+        return float(engine.stats().get("step_time_s", {}).get("forward", 0.0))
+
+    def run(n: int) -> tuple[float, float, float]:
+        before = forward_s()
+        (result,) = engine.generate([prompt], SamplingParams(max_new_tokens=n, ignore_eos=True))
+        assert len(result.token_ids) == n, result
+        return result.stats["ttft_s"], result.stats["latency_s"], forward_s() - before
+
+    run(8)  # warm-up
+    prefill_forward = min(run(1)[2] for _ in range(repeats))
+    best_tpot = best_forward = float("inf")
+    for _ in range(repeats):
+        ttft, latency, forward = run(new_tokens)
+        best_tpot = min(best_tpot, (latency - ttft) / (new_tokens - 1))
+        best_forward = min(best_forward, (forward - prefill_forward) / (new_tokens - 1))
+    return {"tpot_s": best_tpot, "forward_s": best_forward, "prefill_forward_s": prefill_forward}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--bandwidth-mib", type=int, default=1024)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.new_tokens < 2:
+        parser.error("--new-tokens must be >= 2")
+
+    from plugserve.engine import Engine
+
+    threads = torch.get_num_threads()
+    bandwidth = measure_bandwidth(args.bandwidth_mib, max(args.repeats, 5))
+    read_bw = bandwidth["read_gb_s"] * GB
+    rng = random.Random(0)
+    out: dict[str, Any] = {"threads": threads, "bandwidth": bandwidth, "runs": []}
+    for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
+        with Engine(model=args.model, dtype=dtype) as engine:
+            vocab = int(engine.arch.vocab_size)
+            prompt = [rng.randrange(vocab) for _ in range(args.prompt_len)]
+            weights, upcast = weight_bytes(engine.model)
+            kv_token = kv_bytes_per_token(engine)
+            mean_context = args.prompt_len + (args.new_tokens - 1) / 2
+            step_bytes = weights + kv_token * mean_context
+            step = decode_step(engine, prompt, args.new_tokens, args.repeats)
+            hidden = int(engine.arch.hidden_size)
+            gemv = measure_gemv(vocab, hidden, engine.dtype, args.repeats)
+        bound = step_bytes / read_bw
+        out["runs"].append({
+            "dtype": dtype,
+            "matmul_upcast_to_fp32": upcast,
+            "weight_bytes": weights,
+            "kv_bytes_per_token": kv_token,
+            "mean_context": mean_context,
+            "bytes_per_step": step_bytes,
+            "bound_s": bound,
+            **step,
+            "tok_s": 1 / step["tpot_s"],
+            "bound_tok_s": 1 / bound,
+            "fraction_of_roofline": bound / step["tpot_s"],
+            "forward_fraction_of_roofline": bound / step["forward_s"],
+            "lm_head_gemv_gb_s": gemv,
+        })
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    print(f"threads {threads}; read bandwidth {bandwidth['read_gb_s']:.1f} GB/s (sum of "
+          f"{bandwidth['buffer_bytes'] / 2**20:.0f} MiB fp32), copy {bandwidth['copy_gb_s']:.1f}"
+          " GB/s (read + write)")
+    for r in out["runs"]:
+        print(
+            f"{r['dtype']}: {r['bytes_per_step'] / 1e6:.1f} MB/step (weights "
+            f"{r['weight_bytes'] / 1e6:.1f} MB{' as fp32 copies' if r['matmul_upcast_to_fp32'] else ''}"
+            f", KV {r['kv_bytes_per_token'] * r['mean_context'] / 1e6:.1f} MB at mean context "
+            f"{r['mean_context']:.0f}); bound {r['bound_s'] * 1e3:.2f} ms = "
+            f"{r['bound_tok_s']:.1f} tok/s; measured TPOT {r['tpot_s'] * 1e3:.2f} ms = "
+            f"{r['tok_s']:.1f} tok/s -> {r['fraction_of_roofline']:.1%} of the roofline "
+            f"(forward alone {r['forward_s'] * 1e3:.2f} ms, "
+            f"{r['forward_fraction_of_roofline']:.1%}); LM-head GEMV alone "
+            f"{r['lm_head_gemv_gb_s']:.1f} GB/s"
+        )
+
+
+if __name__ == "__main__":
+    main()
