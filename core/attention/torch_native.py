@@ -5,6 +5,11 @@ It reads the paged cache exactly as every other backend must: request `i`'s KV l
 the cached prefix as offset, or the custom tree mask); decode gathers a padded
 [queries, max_len] slot table once per batch and runs one batched attention per layer. A topk>1
 draft decode reads the per-branch KV lists of `plugserve.attention.draft_kv` instead.
+
+On the CPU, decode runs the compiled kernel `plugserve.kernels.paged_decode` over that slot
+table: it reads each key and value in place instead of gathering a padded copy per layer, and
+computes in float32 whatever the cache's dtype. Where the kernel cannot be built (no compiler,
+`PLUGSERVE_CPU_KERNELS=0`) decode gathers and calls `scaled_dot_product_attention`.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from plugserve.attention.base import AttentionBackend, AttentionLayer
+from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
 from plugserve.attention.draft_kv import DraftKVLists
+from plugserve.kernels import paged_decode as paged_decode_kernel
 from plugserve.model.layers import upcasts_matmul
 from plugserve.runner.forward_batch import ForwardBatch
 
@@ -37,6 +43,11 @@ class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
     # Reads a windowed layer's KV through `kv_pool.slots_for_layer` (separate SWA pool).
     swa_slot_translation = True
+
+    def __init__(self, ctx: AttentionContext) -> None:
+        super().__init__(ctx)
+        # Decided once: the compiled decode kernel on a CPU that can build it.
+        self.decode_kernel = ctx.device.type == "cpu" and paged_decode_kernel.available()
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
@@ -125,6 +136,8 @@ class TorchNativeBackend(AttentionBackend):
         meta: TorchNativeMetadata = fb.attn_metadata
         assert meta.padded_slots is not None and meta.padded_valid is not None
         assert meta.padded_key_pos is not None and meta.kv_lens is not None
+        if self.decode_kernel:
+            return self._decode_in_place(q, layer, fb, meta)
         # index_select on the flattened table is many times faster than fancy indexing.
         flat = fb.kv_pool.slots_for_layer(layer.layer_id, meta.padded_slots.reshape(-1))
         shape = (*meta.padded_slots.shape, layer.num_kv_heads, layer.head_dim)
@@ -144,6 +157,24 @@ class TorchNativeBackend(AttentionBackend):
             enable_gqa=layer.num_heads != layer.num_kv_heads,
         )
         return out.squeeze(2).to(q.dtype)
+
+    @staticmethod
+    def _decode_in_place(
+        q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch, meta: TorchNativeMetadata
+    ) -> torch.Tensor:
+        assert meta.padded_slots is not None and meta.kv_lens is not None
+        slots = meta.padded_slots
+        if fb.kv_pool.is_windowed(layer.layer_id):
+            slots = fb.kv_pool.slots_for_layer(layer.layer_id, slots)
+        kv_lens = meta.kv_lens.to(torch.int64)
+        if layer.sliding_window is None:
+            first_key = torch.zeros_like(kv_lens)
+        else:
+            first_key = (kv_lens - layer.sliding_window).clamp(min=0)
+        return paged_decode_kernel.paged_decode(
+            q, fb.kv_pool.get_k(layer.layer_id), fb.kv_pool.get_v(layer.layer_id),
+            slots.to(torch.int64).contiguous(), first_key, kv_lens, layer.scaling,
+        )
 
     @staticmethod
     def _window_mask(prefix_len: int, new_positions: torch.Tensor, window: int) -> torch.Tensor:

@@ -12,12 +12,13 @@ against a float32 copy of the weight made once (`matmul_weight`).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from plugserve.kernels.packed_linear import Derived, packed, per_weight
 
 Device = torch.device | str
 
@@ -40,34 +41,38 @@ def upcasts_matmul(weight: torch.Tensor) -> bool:
     )
 
 
-# id(weight) -> (version, weak reference to the weight, float32 copy); an entry goes away with
-# its weight.
-_fp32_copies: dict[int, tuple[int, weakref.ref[torch.Tensor], torch.Tensor]] = {}
+_fp32_copies: dict[int, Derived] = {}
 
 
 def matmul_weight(weight: torch.Tensor) -> torch.Tensor:
     """`weight` itself, or its float32 copy where half-precision matmuls are slow. The copy is
-    refreshed when the weight is written in place (its version counter moves)."""
+    made once and refreshed when the weight is written in place (its version counter moves)."""
     if not upcasts_matmul(weight):
         return weight
-    key = id(weight)
-    hit = _fp32_copies.get(key)
-    if hit is not None and hit[1]() is weight and hit[0] == weight._version:
-        return hit[2]
-    copy = weight.detach().float()
-    if hit is None or hit[1]() is not weight:
-        weakref.finalize(weight, _fp32_copies.pop, key, None)
-    _fp32_copies[key] = (weight._version, weakref.ref(weight), copy)
+    copy = per_weight(_fp32_copies, weight, lambda w: w.detach().float())
+    assert isinstance(copy, torch.Tensor)
     return copy
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear in x's dtype, multiplying in float32 where that is faster (see above)."""
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """x @ weight.T (+ bias), returned in `out_dtype` (default x's dtype). Multiplies in
+    float32 where half precision is slow (see above), against a weight packed once for the
+    CPU's GEMM library where there is one (`plugserve.kernels.packed_linear`)."""
+    in_dtype = x.dtype
     w = matmul_weight(weight)
-    if w is weight:
-        return F.linear(x, weight, bias)
-    b = None if bias is None else bias.float()
-    return F.linear(x.float(), w, b).to(x.dtype)
+    if w is not weight:
+        x = x.float()
+        bias = None if bias is None else bias.float()
+    elif x.dtype != w.dtype:
+        x = x.to(w.dtype)
+    # A pack is a detached copy: training (gradients wanted) multiplies the weight itself.
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+    pack = None if needs_grad else packed(w)
+    out = pack(x, bias) if pack is not None else F.linear(x, w, bias)
+    return out.to(out_dtype or in_dtype)
 
 
 class Linear(nn.Module):

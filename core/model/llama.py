@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from plugserve.attention.base import AttentionBackend, AttentionLayer
@@ -32,7 +31,7 @@ from plugserve.model.layers import (
     GatedMLP,
     Linear,
     RMSNorm,
-    matmul_weight,
+    linear,
 )
 from plugserve.model.rope import RotaryEmbedding, apply_rope
 from plugserve.runner.forward_batch import ForwardBatch
@@ -210,8 +209,7 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden_after_norm: torch.Tensor) -> torch.Tensor:
         """float32 vocab logits for hidden states that already went through `final_norm`
         (soft-capped where the arch caps them)."""
-        weight = matmul_weight(self.lm_head_weight)
-        logits = F.linear(hidden_after_norm.to(weight.dtype), weight).float()
+        logits = linear(hidden_after_norm, self.lm_head_weight, None, out_dtype=torch.float32)
         cap = self.arch.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -33,7 +33,7 @@ from torch import nn
 from plugserve.attention.base import AttentionBackend, AttentionLayer
 from plugserve.model.arch import ModelArchConfig
 from plugserve.model.errors import ModelLoadError
-from plugserve.model.layers import Device, Linear, matmul_weight
+from plugserve.model.layers import Device, Linear, linear
 from plugserve.model.llama import CausalLM, DecoderLayer
 from plugserve.model.rope import RotaryEmbedding
 from plugserve.runner.forward_batch import ForwardBatch
@@ -294,8 +294,7 @@ class EagleHead(nn.Module):
         """float32 draft-vocabulary logits of head output states (target's norm and LM head)."""
         target_dtype = self.target.dtype
         normed = self.target.final_norm(hidden.to(target_dtype))
-        weight = matmul_weight(self.draft_lm_weight())
-        return F.linear(normed.to(weight.dtype), weight).float()
+        return linear(normed, self.draft_lm_weight(), None, out_dtype=torch.float32)
 
     def _fuse(self, input_ids: torch.Tensor, hidden_in: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():

@@ -1,0 +1,188 @@
+// Decode attention straight from the paged KV cache, on the CPU.
+//
+// One query token per row q[i] ([heads, head_dim]) attends to the keys at
+// slots[i, first_key[i] : kv_lens[i]] of the cache buffers k/v ([slots, kv_heads, head_dim]).
+// Nothing is gathered: each (row, kv head) task reads its keys and values where they lie,
+// once, converting bf16/fp16 to float32 on the fly, and computes the softmax in float32 for
+// the query heads that share that kv head (grouped-query attention). The output has q's dtype.
+//
+// The Python side (plugserve/kernels/paged_decode.py) holds the reference this is tested
+// against and decides when to use it.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// Widen one row of head_dim values to float32 (written so the compiler vectorises it).
+inline void load_row(const float* __restrict src, float* __restrict dst, int64_t n) {
+  std::memcpy(dst, src, n * sizeof(float));
+}
+inline void load_row(const c10::BFloat16* __restrict src, float* __restrict dst, int64_t n) {
+  const uint16_t* __restrict bits = reinterpret_cast<const uint16_t*>(src);
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) {
+    dst[d] = __builtin_bit_cast(float, static_cast<uint32_t>(bits[d]) << 16);
+  }
+}
+inline void load_row(const c10::Half* __restrict src, float* __restrict dst, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
+// exp(x) for x <= 0 (a score minus its row's maximum), within 2 ulp of expf, in a form the
+// compiler vectorises: 2^n * e^r with r in [-ln2/2, ln2/2] and a degree-6 polynomial for e^r.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const uint32_t scale = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  return p * __builtin_bit_cast(float, scale);
+}
+
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t d = 0; d < n; ++d) sum += a[d] * b[d];
+  return sum;
+}
+
+inline void add_scaled(float* __restrict acc, const float* __restrict x, float p, int64_t n) {
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) acc[d] += p * x[d];
+}
+
+template <typename T, int64_t kDim>
+void decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                   const torch::Tensor& slots, const torch::Tensor& first_key,
+                   const torch::Tensor& kv_lens, double scale, torch::Tensor& out) {
+  const int64_t rows = q.size(0), heads = q.size(1);
+  const int64_t dim = kDim > 0 ? kDim : q.size(2);  // a constant lets the compiler unroll
+  const int64_t kv_heads = k.size(1);
+  const int64_t group = heads / kv_heads;
+  const T* q_ptr = q.data_ptr<T>();
+  const T* k_ptr = k.data_ptr<T>();
+  const T* v_ptr = v.data_ptr<T>();
+  const int64_t* slot_ptr = slots.data_ptr<int64_t>();
+  const int64_t* first_ptr = first_key.data_ptr<int64_t>();
+  const int64_t* len_ptr = kv_lens.data_ptr<int64_t>();
+  T* out_ptr = out.data_ptr<T>();
+  const int64_t slot_stride = slots.stride(0);
+  const int64_t num_slots = std::min(k.size(0), v.size(0));
+  const int64_t token_stride = k.stride(0), head_stride = k.stride(1);
+  const int64_t v_token_stride = v.stride(0), v_head_stride = v.stride(1);
+  const float fscale = static_cast<float>(scale);
+
+  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(group * dim), acc(group * dim), kv_row(dim), scores;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t i = task / kv_heads, h = task % kv_heads;
+      const int64_t start = std::max<int64_t>(first_ptr[i], 0), stop = len_ptr[i];
+      const int64_t n = std::max<int64_t>(stop - start, 0);
+      for (int64_t g = 0; g < group; ++g) {
+        load_row(q_ptr + (i * heads + h * group + g) * dim, qf.data() + g * dim, dim);
+      }
+      scores.assign(group * n, 0.f);
+      std::vector<float> row_max(group, -std::numeric_limits<float>::infinity());
+      const int64_t* row_slots = slot_ptr + i * slot_stride + start;
+      TORCH_CHECK(stop <= slots.size(1), "paged_decode: kv_lens[", i, "] = ", stop,
+                  " exceeds the slot table's width ", slots.size(1));
+      for (int64_t j = 0; j < n; ++j) {
+        TORCH_CHECK(row_slots[j] >= 0 && row_slots[j] < num_slots, "paged_decode: slot ",
+                    row_slots[j], " of query ", i, " is outside the cache [0, ", num_slots, ")");
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        load_row(k_ptr + row_slots[j] * token_stride + h * head_stride, kv_row.data(), dim);
+        for (int64_t g = 0; g < group; ++g) {
+          const float score = dot(qf.data() + g * dim, kv_row.data(), dim) * fscale;
+          scores[g * n + j] = score;
+          row_max[g] = std::max(row_max[g], score);
+        }
+      }
+      std::vector<float> denom(group, 0.f);
+      for (int64_t g = 0; g < group; ++g) {
+        float* __restrict s = scores.data() + g * n;
+        const float m = row_max[g];
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < n; ++j) {
+          s[j] = exp_nonpositive(s[j] - m);
+          sum += s[j];
+        }
+        denom[g] = sum;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j < n; ++j) {
+        load_row(v_ptr + row_slots[j] * v_token_stride + h * v_head_stride, kv_row.data(), dim);
+        for (int64_t g = 0; g < group; ++g) {
+          add_scaled(acc.data() + g * dim, kv_row.data(), scores[g * n + j], dim);
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        // A row with no keys (n == 0) gets zeros, like a fully masked softmax would not.
+        const float inv = denom[g] > 0.f ? 1.f / denom[g] : 0.f;
+        T* o = out_ptr + (i * heads + h * group + g) * dim;
+        for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[g * dim + d] * inv);
+      }
+    }
+  });
+}
+
+template <typename T>
+void dispatch_dim(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                  const torch::Tensor& slots, const torch::Tensor& first_key,
+                  const torch::Tensor& kv_lens, double scale, torch::Tensor& out) {
+  switch (q.size(2)) {
+    case 64: decode_kernel<T, 64>(q, k, v, slots, first_key, kv_lens, scale, out); break;
+    case 128: decode_kernel<T, 128>(q, k, v, slots, first_key, kv_lens, scale, out); break;
+    case 256: decode_kernel<T, 256>(q, k, v, slots, first_key, kv_lens, scale, out); break;
+    default: decode_kernel<T, 0>(q, k, v, slots, first_key, kv_lens, scale, out);
+  }
+}
+
+}  // namespace
+
+torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                           torch::Tensor slots, torch::Tensor first_key, torch::Tensor kv_lens,
+                           double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be 3-d");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
+              "q, k and v must share a dtype");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "heads must be a multiple of kv heads");
+  TORCH_CHECK(q.size(2) == k.size(2) && k.size(2) == v.size(2), "head_dim differs");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "k and v must be contiguous in head_dim");
+  TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.dim() == 2 && slots.stride(1) == 1,
+              "slots must be a row-contiguous int64 [rows, max_len] table");
+  TORCH_CHECK(first_key.scalar_type() == torch::kInt64 && kv_lens.scalar_type() == torch::kInt64,
+              "first_key and kv_lens must be int64");
+  TORCH_CHECK(slots.size(0) == q.size(0) && kv_lens.size(0) == q.size(0) &&
+              first_key.size(0) == q.size(0), "one slot row, length and start per query");
+  q = q.contiguous();
+  first_key = first_key.contiguous();
+  kv_lens = kv_lens.contiguous();
+  auto out = torch::empty_like(q);
+  switch (q.scalar_type()) {
+    case torch::kFloat: dispatch_dim<float>(q, k, v, slots, first_key, kv_lens, scale, out); break;
+    case torch::kBFloat16:
+      dispatch_dim<c10::BFloat16>(q, k, v, slots, first_key, kv_lens, scale, out); break;
+    case torch::kHalf:
+      dispatch_dim<c10::Half>(q, k, v, slots, first_key, kv_lens, scale, out); break;
+    default: TORCH_CHECK(false, "paged_decode: unsupported dtype ", q.scalar_type());
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "decode attention over a paged KV cache (CPU)");
+}

@@ -1,0 +1,118 @@
+"""Linear layers against weights packed once for the CPU's GEMM library.
+
+`F.linear` on the CPU re-lays-out its weight on every call; at batch 1 a decode step is a
+string of GEMVs that only stream weights, and the re-layout costs as much as the product.
+Packing once at first use removes it:
+
+- float32: MKL's packed sgemm (`torch.ops.mkl._mkl_reorder_linear_weight` / `_mkl_linear`).
+  The product is bit-identical to `F.linear` for two or more rows (same GEMM; tested); for
+  a single row F.linear takes a GEMV and the two differ within float32 rounding, no more
+  than two batchings of the same requests already do.
+- bfloat16 / float16 on a CPU with native half dot products (AVX512-BF16, AMX, AVX512-FP16):
+  oneDNN's packed matmul (`torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`),
+  also bit-identical to `F.linear` there.
+
+Anything else (a GPU weight, a build without MKL, half precision without native kernels,
+`PLUGSERVE_CPU_KERNELS=0`) uses `F.linear`. A pack is cached per weight tensor and rebuilt
+when the weight is written in place (its version counter moves); it goes away with its
+weight. The reference is `F.linear` itself (tests/model/test_packed_linear.py).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from plugserve.kernels.build import enabled_by_environment
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _half_is_native(dtype: torch.dtype) -> bool:
+    mkldnn = torch.ops.mkldnn
+    if dtype == torch.bfloat16:
+        return bool(mkldnn._is_mkldnn_bf16_supported())
+    return bool(mkldnn._is_mkldnn_fp16_supported())
+
+
+def pack_kind(weight: torch.Tensor) -> str | None:
+    """'mkl' (float32), 'onednn' (native half) or None (use F.linear) for this weight here."""
+    if weight.device.type != "cpu" or weight.dim() != 2 or not _ENABLED:
+        return None
+    if weight.dtype == torch.float32 and torch.backends.mkl.is_available():
+        return "mkl"
+    if weight.dtype in _HALF and torch.backends.mkldnn.is_available() and _half_is_native(
+        weight.dtype
+    ):
+        return "onednn"
+    return None
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    kind: str
+    packed: torch.Tensor
+    weight: torch.Tensor  # the original (MKL's packed linear takes it for its shape)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[0] == 0:
+            return F.linear(x, self.weight, bias)
+        if self.kind == "mkl":
+            out: torch.Tensor = torch.ops.mkl._mkl_linear(x, self.packed, self.weight, bias, 1)
+            return out
+        out = torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        return out
+
+
+def pack(weight: torch.Tensor) -> PackedWeight | None:
+    """`weight` packed for this CPU, or None where `F.linear` is used."""
+    kind = pack_kind(weight)
+    if kind is None:
+        return None
+    w = weight.detach()
+    if kind == "mkl":
+        return PackedWeight(kind, torch.ops.mkl._mkl_reorder_linear_weight(w, 1), w)
+    return PackedWeight(kind, torch.ops.mkldnn._reorder_linear_weight(w), w)
+
+
+_ENABLED = enabled_by_environment()
+
+# id(weight) -> (version, weak reference to the weight, derived value); an entry goes away
+# with its weight.
+Derived = tuple[int, "weakref.ref[torch.Tensor]", object]
+
+
+def per_weight(store: dict[int, Derived], weight: torch.Tensor,
+               make: Callable[[torch.Tensor], object]) -> object:
+    """`make(weight)`, computed once per weight and version and kept in `store`."""
+    key = id(weight)
+    version = _version(weight)
+    hit = store.get(key)
+    if hit is not None and hit[1]() is weight and hit[0] == version:
+        return hit[2]
+    value = make(weight)
+    if hit is None or hit[1]() is not weight:
+        weakref.finalize(weight, store.pop, key, None)
+    store[key] = (version, weakref.ref(weight), value)
+    return value
+
+
+def _version(weight: torch.Tensor) -> int:
+    """The in-place write counter; an inference tensor has none (-1: packed once)."""
+    if weight.is_inference():
+        return -1
+    return int(weight._version)
+
+
+_packs: dict[int, Derived] = {}
+
+
+def packed(weight: torch.Tensor) -> PackedWeight | None:
+    """The cached pack of `weight` (see `pack`)."""
+    value = per_weight(_packs, weight, pack)
+    assert value is None or isinstance(value, PackedWeight)
+    return value

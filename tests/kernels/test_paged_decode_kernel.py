@@ -1,0 +1,70 @@
+"""The compiled CPU decode kernel against its reference (gather + SDPA in float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from plugserve.kernels import paged_decode as pd
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel() -> None:
+    if not pd.available():
+        pytest.skip(f"paged_decode kernel unavailable: {pd.why_unavailable()}")
+
+
+def _case(
+    dtype: torch.dtype, heads: int, kv_heads: int, dim: int, lens: list[int],
+    window: int | None, seed: int,
+) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    num_slots = sum(lens) + 37
+    k = torch.randn(num_slots, kv_heads, dim, generator=gen).to(dtype)
+    v = torch.randn(num_slots, kv_heads, dim, generator=gen).to(dtype)
+    q = torch.randn(len(lens), heads, dim, generator=gen).to(dtype)
+    width = max(lens) + 3  # padding past every row's length
+    # Each row's keys at shuffled slots, as a paged cache after churn leaves them.
+    order = torch.randperm(num_slots, generator=gen)
+    slots = torch.zeros(len(lens), width, dtype=torch.int64)
+    start = 0
+    for i, n in enumerate(lens):
+        slots[i, :n] = order[start : start + n]
+        start += n
+    kv_lens = torch.tensor(lens, dtype=torch.int64)
+    first = torch.zeros_like(kv_lens) if window is None else (kv_lens - window).clamp(min=0)
+    return q, k, v, slots, first, kv_lens
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 4, 64), (9, 3, 64), (8, 2, 128), (6, 3, 48)])
+@pytest.mark.parametrize("window", [None, 5])
+def test_matches_the_reference(
+    dtype: torch.dtype, atol: float, heads: int, kv_heads: int, dim: int, window: int | None
+) -> None:
+    case = _case(dtype, heads, kv_heads, dim, [1, 7, 30, 129], window, seed=heads * dim)
+    out = pd.paged_decode(*case, scale=dim**-0.5)
+    ref = pd.reference(*case, scale=dim**-0.5)
+    assert out.dtype == dtype and out.shape == ref.shape
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=0)
+
+
+def test_reads_only_its_own_keys() -> None:
+    """Slots outside [first_key, kv_len) hold garbage (NaN) that must not leak in."""
+    q, k, v, slots, first, lens = _case(torch.float32, 4, 2, 64, [6, 11], 4, seed=1)
+    expected = pd.reference(q, k, v, slots, first, lens, 0.125)
+    used = {int(slots[i, j]) for i in range(2) for j in range(int(first[i]), int(lens[i]))}
+    for s in range(k.shape[0]):
+        if s not in used:
+            k[s] = float("nan")
+            v[s] = float("nan")
+    out = pd.paged_decode(q, k, v, slots, first, lens, 0.125)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, atol=2e-6, rtol=0)
+
+
+def test_a_slot_outside_the_cache_is_an_error_not_a_read() -> None:
+    q, k, v, slots, first, lens = _case(torch.float32, 4, 2, 64, [3], None, seed=2)
+    slots[0, 1] = k.shape[0] + 5
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        pd.paged_decode(q, k, v, slots, first, lens, 0.125)
