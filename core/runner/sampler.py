@@ -41,11 +41,10 @@ def sample(
     n = logits.shape[0]
     errors: list[str | None] = [None] * n
     # Unusable logits (the model overflowed): NaN or +inf anywhere, or no finite value at all.
-    # -inf alone is fine (a masked token).
-    bad_rows = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) | torch.isneginf(
-        logits
-    ).all(dim=-1)
-    greedy_ids = torch.argmax(logits, dim=-1)
+    # -inf alone is fine (a masked token). One pass finds both: a row's max is NaN when the row
+    # holds a NaN (max propagates it), +inf with a +inf, -inf when nothing is finite.
+    row_max, greedy_ids = torch.max(logits, dim=-1)
+    bad_rows = ~torch.isfinite(row_max)
     if bool(bad_rows.any()):
         for i in torch.nonzero(bad_rows).flatten().tolist():
             errors[i] = _bad_logits_message(logits[i])

@@ -14,7 +14,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from fa3_cases import (
+
+from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.testing.paged_cases import (
     TOLERANCE,
     Cases,
     Shape,
@@ -23,8 +25,6 @@ from fa3_cases import (
     native_tree_window,
     run_backend,
 )
-
-from plugserve.runner.forward_batch import ForwardBatch
 from plugserve_attention_fa3 import reference
 from plugserve_attention_fa3.backend import FA3AttentionBackend
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fa3_cases import Cases, Shape
 
+from plugserve.testing.paged_cases import Cases, Shape
 from plugserve_attention_fa3.metadata import build_decode_metadata, build_extend_metadata
 from plugserve_attention_fa3.page_table import PageTableBuffer, PageTableOverflow
 from plugserve_attention_fa3.pages import (

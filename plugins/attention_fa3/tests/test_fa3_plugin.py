@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from fa3_cases import Shape
 
 from plugserve.registry import PAGE_TREE_WHITELIST
+from plugserve.testing.paged_cases import Shape
 from plugserve_attention_fa3 import capabilities, plugin
 from plugserve_attention_fa3.backend import FA3AttentionBackend
 from plugserve_attention_fa3.fixes import DRAFT_PAGE_SCATTER

@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from fa3_cases import TOLERANCE, Cases, Shape, max_error, native, run_backend
 
 from plugserve.attention.draft_kv import DraftKVLists
+from plugserve.testing.paged_cases import TOLERANCE, Cases, Shape, max_error, native, run_backend
 from plugserve_attention_fa3 import reference
 from plugserve_attention_fa3.backend import FA3AttentionBackend
 from plugserve_attention_fa3.fixes import DRAFT_PAGE_SCATTER

@@ -19,7 +19,7 @@ for path in (_HERE.parent, _HERE):  # run from a checkout without installing the
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from fi_cases import Cases  # noqa: E402
+from plugserve.testing.paged_cases import Cases  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

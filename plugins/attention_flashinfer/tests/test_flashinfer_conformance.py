@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from fi_cases import (
+
+from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.testing.paged_cases import (
     TOLERANCE,
     Cases,
     Shape,
@@ -22,8 +24,6 @@ from fi_cases import (
     native_tree_window,
     run_backend,
 )
-
-from plugserve.runner.forward_batch import ForwardBatch
 from plugserve_attention_flashinfer import reference
 from plugserve_attention_flashinfer.backend import FlashInferAttentionBackend
 

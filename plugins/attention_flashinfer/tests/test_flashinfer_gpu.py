@@ -16,7 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from fi_cases import (
+
+from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.sampling import SamplingParams
+from plugserve.testing import EngineTest
+from plugserve.testing.paged_cases import (
     TOLERANCE,
     Cases,
     Shape,
@@ -25,10 +29,6 @@ from fi_cases import (
     native_tree_window,
     run_backend,
 )
-
-from plugserve.runner.forward_batch import ForwardBatch
-from plugserve.sampling import SamplingParams
-from plugserve.testing import EngineTest
 from plugserve.testing.tiny_models import make_tiny_model_dir
 from plugserve_attention_flashinfer import reference
 from plugserve_attention_flashinfer.backend import FlashInferAttentionBackend

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fi_cases import Cases, Shape
 
 from plugserve.attention.draft_kv import DraftKVLists
 from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
+from plugserve.testing.paged_cases import Cases, Shape
 from plugserve_attention_flashinfer.buffers import IndexBufferOverflow, PageIndexBuffer
 from plugserve_attention_flashinfer.metadata import build_decode_metadata, build_extend_metadata
 from plugserve_attention_flashinfer.pages import list_pages, row_pages

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from fi_cases import Shape
 
 from plugserve.registry import PAGE_TREE_WHITELIST
+from plugserve.testing.paged_cases import Shape
 from plugserve_attention_flashinfer import capabilities, plugin
 from plugserve_attention_flashinfer.backend import FlashInferAttentionBackend
 from plugserve_attention_flashinfer.fixes import DRAFT_INDICES_TOPK_FACTOR

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from fi_cases import TOLERANCE, Cases, Shape, max_error, native, run_backend
 
+from plugserve.testing.paged_cases import TOLERANCE, Cases, Shape, max_error, native, run_backend
 from plugserve_attention_flashinfer import reference
 from plugserve_attention_flashinfer.backend import FlashInferAttentionBackend
 from plugserve_attention_flashinfer.buffers import IndexBufferOverflow

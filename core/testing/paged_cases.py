@@ -1,4 +1,5 @@
-"""Random paged KV caches with shuffled pages, and ForwardBatches over them, for the tests.
+"""Random paged KV caches with shuffled pages, and ForwardBatches over them, for backend tests
+(the flashinfer and fa3 plugins test their metadata and kernels on these).
 
 Every request's row maps position p to a slot on its own random page, at offset p % page
 (the engine's allocator keeps rows page-consistent the same way). Unused row entries hold
