@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plugserve.kernels import skinny_linear as skinny
 from plugserve.kernels.packed_linear import Derived, packed, per_weight
 
 Device = torch.device | str
@@ -59,8 +60,9 @@ def linear(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x @ weight.T (+ bias), returned in `out_dtype` (default x's dtype). Multiplies in
-    float32 where half precision is slow (see above), against a weight packed once for the
-    CPU's GEMM library where there is one (`plugserve.kernels.packed_linear`)."""
+    float32 where half precision is slow (see above): for a few rows in float32 with the
+    streaming kernel (`plugserve.kernels.skinny_linear`), otherwise against a weight packed
+    once for the CPU's GEMM library where there is one (`plugserve.kernels.packed_linear`)."""
     in_dtype = x.dtype
     w = matmul_weight(weight)
     if w is not weight:
@@ -70,8 +72,11 @@ def linear(
         x = x.to(w.dtype)
     # A pack is a detached copy: training (gradients wanted) multiplies the weight itself.
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
-    pack = None if needs_grad else packed(w)
-    out = pack(x, bias) if pack is not None else F.linear(x, w, bias)
+    if not needs_grad and skinny.applies(x, w):
+        out = skinny.skinny_linear(x, w, bias)
+    else:
+        pack = None if needs_grad else packed(w)
+        out = pack(x, bias) if pack is not None else F.linear(x, w, bias)
     return out.to(out_dtype or in_dtype)
 
 

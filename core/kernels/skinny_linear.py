@@ -1,0 +1,78 @@
+"""Linear layers for a few rows in float32: the compiled CPU kernel and its reference.
+
+A decode step multiplies one row per running request by every weight matrix, so its linears
+are a stream over the weights. The GEMM libraries reach a fraction of the memory bandwidth
+there (MKL's sgemm with 2..16 rows runs at a third of its one-row speed); `csrc/skinny_linear.cpp`
+streams each weight row once per step for up to `MAX_ROWS` rows, with float32 FMAs, on CPUs
+with AVX-512. Elsewhere (more rows, other dtypes, no AVX-512, `PLUGSERVE_CPU_KERNELS=0`) the
+packed GEMM-library path is used. The reference is `F.linear` in float64
+(tests/kernels/test_skinny_linear.py).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from plugserve.kernels.build import load, unavailable_reason
+
+KERNEL = "skinny_linear"
+# Rows up to which the kernel beats MKL's packed sgemm (measured at the decoder's shapes,
+# 576 x 576 .. 49152 x 576, with 1 and 2 threads: 2-3x at 2..16 rows, 1.5x at 32).
+MAX_ROWS = 32
+
+_module: ModuleType | None = None
+_resolved = False
+
+
+def _kernel() -> ModuleType | None:
+    global _module, _resolved
+    if not _resolved:
+        module = load(KERNEL)
+        _module = module if module is not None and module.isa() != "none" else None
+        _resolved = True
+    return _module
+
+
+def available() -> bool:
+    """True when the kernel is built for this CPU (compiling it the first time)."""
+    return _kernel() is not None
+
+
+def why_unavailable() -> str | None:
+    if _kernel() is not None:
+        return None
+    return unavailable_reason(KERNEL) or "this CPU has no AVX-512"
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when `skinny_linear(x, weight, ...)` is the faster way here."""
+    return (
+        x.dim() == 2
+        and 0 < x.shape[0] <= MAX_ROWS
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.device.type == "cpu"
+        and weight.device.type == "cpu"
+        and _kernel() is not None
+    )
+
+
+def skinny_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [rows, in] @ weight [out, in].T (+ bias) -> [rows, out], float32."""
+    module = _kernel()
+    if module is None:
+        raise RuntimeError(f"the skinny_linear CPU kernel is unavailable: {why_unavailable()}")
+    out: torch.Tensor = module.skinny_linear(x, weight, bias)
+    return out
+
+
+def reference(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    b = None if bias is None else bias.double()
+    return F.linear(x.double(), weight.double(), b).float()

@@ -1,0 +1,66 @@
+"""The compiled few-row float32 linear kernel against F.linear in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from plugserve.kernels import skinny_linear as sk
+from plugserve.model.layers import linear
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel() -> None:
+    if not sk.available():
+        pytest.skip(f"skinny_linear kernel unavailable: {sk.why_unavailable()}")
+
+
+def _case(rows: int, n_in: int, n_out: int, bias: bool, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n_in, generator=gen)
+    w = torch.randn(n_out, n_in, generator=gen)
+    b = torch.randn(n_out, generator=gen) if bias else None
+    return x, w, b  # type: ignore[return-value]
+
+
+# rows cover every tile remainder (4-row tiles); n_in covers partial 16-float vectors; n_out
+# covers partial 4-row weight blocks and more blocks than a thread's grain.
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 13, 32])
+@pytest.mark.parametrize("n_in,n_out", [(576, 960), (7, 5), (33, 13), (1536, 576), (64, 257)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_float64(rows: int, n_in: int, n_out: int, bias: bool) -> None:
+    x, w, b = _case(rows, n_in, n_out, bias, seed=rows * 1000 + n_in + n_out)
+    out = sk.skinny_linear(x, w, b)
+    ref = sk.reference(x, w, b)
+    assert out.dtype == torch.float32 and out.shape == (rows, n_out)
+    # float32 sums of n_in products: error well within n_in * eps * |x||w|.
+    tol = 4 * n_in**0.5 * torch.finfo(torch.float32).eps * (x.abs().max() * w.abs().max())
+    torch.testing.assert_close(out, ref, atol=float(tol) * 4, rtol=1e-6)
+
+
+def test_strided_input_is_read_correctly() -> None:
+    x, w, b = _case(6, 64, 40, True, seed=3)
+    wide = torch.zeros(6, 128)
+    wide[:, ::2] = x
+    out = sk.skinny_linear(wide[:, ::2], w, b)
+    torch.testing.assert_close(out, sk.reference(x, w, b), atol=1e-4, rtol=1e-5)
+
+
+def test_linear_uses_it_only_where_it_applies() -> None:
+    x, w, _ = _case(4, 64, 40, False, seed=4)
+    assert sk.applies(x, w)
+    assert not sk.applies(torch.randn(sk.MAX_ROWS + 1, 64), w)
+    assert not sk.applies(x.bfloat16(), w.bfloat16())
+    assert not sk.applies(x[0], w)  # 1-d
+    assert not sk.applies(torch.empty(0, 64), w)
+    torch.testing.assert_close(linear(x, w, None), sk.reference(x, w, None), atol=1e-4, rtol=1e-5)
+
+
+def test_bad_shapes_are_refused_with_the_sizes() -> None:
+    x, w, _ = _case(2, 64, 8, False, seed=5)
+    with pytest.raises(RuntimeError, match="x has 63 columns, w has 64"):
+        sk.skinny_linear(x[:, :63], w, None)
+    with pytest.raises(RuntimeError, match="bias has 7 values for 8 outputs"):
+        sk.skinny_linear(x, w, torch.zeros(7))
+    with pytest.raises(RuntimeError, match="float32 only"):
+        sk.skinny_linear(x.double(), w.double(), None)
