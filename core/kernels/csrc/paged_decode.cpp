@@ -18,6 +18,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 // Widen one row of head_dim values to float32 (written so the compiler vectorises it).
@@ -63,6 +67,106 @@ inline void add_scaled(float* __restrict acc, const float* __restrict x, float p
   for (int64_t d = 0; d < n; ++d) acc[d] += p * x[d];
 }
 
+#if defined(__AVX512F__)
+// The AVX-512 passes for head_dim a multiple of 64 (64, 128, 256): one key's row is loaded
+// into registers once and dotted with every query head of its group; the value pass keeps
+// a 4-head x 64-dim block of accumulators in registers (named variables: GCC keeps arrays of
+// vectors in memory) and streams the values once per block.
+constexpr bool kHaveAvx512 = true;
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Keys prefetched this many positions ahead (they lie at scattered pages).
+constexpr int64_t kPrefetchKeys = 16;
+
+template <typename T, int64_t D>
+void scores_avx512(const float* qf, int64_t group, const T* base, const int64_t* row_slots,
+                   int64_t n, int64_t token_stride, float scale, float* scores,
+                   float* row_max) {
+  constexpr int C = D / 16;
+  for (int64_t j = 0; j < n; ++j) {
+    if (j + kPrefetchKeys < n) {
+      const char* ahead = reinterpret_cast<const char*>(base + row_slots[j + kPrefetchKeys] * token_stride);
+      for (int64_t b = 0; b < D * int64_t(sizeof(T)); b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+    }
+    const T* kp = base + row_slots[j] * token_stride;
+    __m512 kc[C];
+    for (int c = 0; c < C; ++c) kc[c] = load16(kp + 16 * c);
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qf + g * D;
+      __m512 acc = _mm512_mul_ps(kc[0], _mm512_loadu_ps(qg));
+      for (int c = 1; c < C; ++c) acc = _mm512_fmadd_ps(kc[c], _mm512_loadu_ps(qg + 16 * c), acc);
+      const float score = _mm512_reduce_add_ps(acc) * scale;
+      scores[g * n + j] = score;
+      row_max[g] = std::max(row_max[g], score);
+    }
+  }
+}
+
+#define PLUGSERVE_ZERO4(g) \
+  __m512 a##g##0 = _mm512_setzero_ps(), a##g##1 = a##g##0, a##g##2 = a##g##0, a##g##3 = a##g##0;
+#define PLUGSERVE_MAC4(g)                                              \
+  if constexpr (GB > g) {                                              \
+    const __m512 pg = _mm512_set1_ps(probs[(g0 + g) * n + j]);         \
+    a##g##0 = _mm512_fmadd_ps(v0, pg, a##g##0);                        \
+    a##g##1 = _mm512_fmadd_ps(v1, pg, a##g##1);                        \
+    a##g##2 = _mm512_fmadd_ps(v2, pg, a##g##2);                        \
+    a##g##3 = _mm512_fmadd_ps(v3, pg, a##g##3);                        \
+  }
+#define PLUGSERVE_STORE4(g)                                            \
+  if constexpr (GB > g) {                                              \
+    float* o = acc + (g0 + g) * D + d0;                                \
+    _mm512_storeu_ps(o, a##g##0); _mm512_storeu_ps(o + 16, a##g##1);   \
+    _mm512_storeu_ps(o + 32, a##g##2); _mm512_storeu_ps(o + 48, a##g##3); \
+  }
+
+// acc[g0 + g][d0 : d0 + 64] = sum_j probs[g0 + g][j] * v_j[d0 : d0 + 64] for g < GB.
+template <typename T, int GB>
+void values_block(const float* probs, int64_t n, int64_t g0, const T* base,
+                  const int64_t* row_slots, int64_t token_stride, int64_t d0, int64_t D,
+                  float* acc) {
+  PLUGSERVE_ZERO4(0) PLUGSERVE_ZERO4(1) PLUGSERVE_ZERO4(2) PLUGSERVE_ZERO4(3)
+  for (int64_t j = 0; j < n; ++j) {
+    if (j + kPrefetchKeys < n) {
+      const char* ahead = reinterpret_cast<const char*>(base + row_slots[j + kPrefetchKeys] * token_stride + d0);
+      for (int64_t b = 0; b < 64 * int64_t(sizeof(T)); b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+    }
+    const T* vp = base + row_slots[j] * token_stride + d0;
+    const __m512 v0 = load16(vp), v1 = load16(vp + 16), v2 = load16(vp + 32), v3 = load16(vp + 48);
+    PLUGSERVE_MAC4(0) PLUGSERVE_MAC4(1) PLUGSERVE_MAC4(2) PLUGSERVE_MAC4(3)
+  }
+  PLUGSERVE_STORE4(0) PLUGSERVE_STORE4(1) PLUGSERVE_STORE4(2) PLUGSERVE_STORE4(3)
+}
+#undef PLUGSERVE_STORE4
+#undef PLUGSERVE_MAC4
+#undef PLUGSERVE_ZERO4
+
+template <typename T, int64_t D>
+void values_avx512(const float* probs, int64_t n, int64_t group, const T* base,
+                   const int64_t* row_slots, int64_t token_stride, float* acc) {
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    int64_t g0 = 0;
+    for (; g0 + 4 <= group; g0 += 4)
+      values_block<T, 4>(probs, n, g0, base, row_slots, token_stride, d0, D, acc);
+    switch (group - g0) {
+      case 3: values_block<T, 3>(probs, n, g0, base, row_slots, token_stride, d0, D, acc); break;
+      case 2: values_block<T, 2>(probs, n, g0, base, row_slots, token_stride, d0, D, acc); break;
+      case 1: values_block<T, 1>(probs, n, g0, base, row_slots, token_stride, d0, D, acc); break;
+      default: break;
+    }
+  }
+}
+#else
+constexpr bool kHaveAvx512 = false;
+#endif
+
 template <typename T, int64_t kDim>
 void decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                    const torch::Tensor& slots, const torch::Tensor& first_key,
@@ -86,6 +190,7 @@ void decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::
 
   at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(group * dim), acc(group * dim), kv_row(dim), scores;
+    std::vector<float> row_max(group), denom(group);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t i = task / kv_heads, h = task % kv_heads;
       const int64_t start = std::max<int64_t>(first_ptr[i], 0), stop = len_ptr[i];
@@ -93,8 +198,8 @@ void decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::
       for (int64_t g = 0; g < group; ++g) {
         load_row(q_ptr + (i * heads + h * group + g) * dim, qf.data() + g * dim, dim);
       }
-      scores.assign(group * n, 0.f);
-      std::vector<float> row_max(group, -std::numeric_limits<float>::infinity());
+      scores.resize(group * n);  // every entry is written below
+      std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<float>::infinity());
       const int64_t* row_slots = slot_ptr + i * slot_stride + start;
       TORCH_CHECK(stop <= slots.size(1), "paged_decode: kv_lens[", i, "] = ", stop,
                   " exceeds the slot table's width ", slots.size(1));
@@ -102,15 +207,22 @@ void decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::
         TORCH_CHECK(row_slots[j] >= 0 && row_slots[j] < num_slots, "paged_decode: slot ",
                     row_slots[j], " of query ", i, " is outside the cache [0, ", num_slots, ")");
       }
-      for (int64_t j = 0; j < n; ++j) {
-        load_row(k_ptr + row_slots[j] * token_stride + h * head_stride, kv_row.data(), dim);
-        for (int64_t g = 0; g < group; ++g) {
-          const float score = dot(qf.data() + g * dim, kv_row.data(), dim) * fscale;
-          scores[g * n + j] = score;
-          row_max[g] = std::max(row_max[g], score);
+      constexpr bool kVector = kHaveAvx512 && kDim > 0 && kDim % 64 == 0;
+      if constexpr (kVector) {
+#if defined(__AVX512F__)
+        scores_avx512<T, kDim>(qf.data(), group, k_ptr + h * head_stride, row_slots, n,
+                               token_stride, fscale, scores.data(), row_max.data());
+#endif
+      } else {
+        for (int64_t j = 0; j < n; ++j) {
+          load_row(k_ptr + row_slots[j] * token_stride + h * head_stride, kv_row.data(), dim);
+          for (int64_t g = 0; g < group; ++g) {
+            const float score = dot(qf.data() + g * dim, kv_row.data(), dim) * fscale;
+            scores[g * n + j] = score;
+            row_max[g] = std::max(row_max[g], score);
+          }
         }
       }
-      std::vector<float> denom(group, 0.f);
       for (int64_t g = 0; g < group; ++g) {
         float* __restrict s = scores.data() + g * n;
         const float m = row_max[g];
@@ -122,11 +234,18 @@ void decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::
         }
         denom[g] = sum;
       }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j < n; ++j) {
-        load_row(v_ptr + row_slots[j] * v_token_stride + h * v_head_stride, kv_row.data(), dim);
-        for (int64_t g = 0; g < group; ++g) {
-          add_scaled(acc.data() + g * dim, kv_row.data(), scores[g * n + j], dim);
+      if constexpr (kVector) {
+#if defined(__AVX512F__)
+        values_avx512<T, kDim>(scores.data(), n, group, v_ptr + h * v_head_stride, row_slots,
+                               v_token_stride, acc.data());
+#endif
+      } else {
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t j = 0; j < n; ++j) {
+          load_row(v_ptr + row_slots[j] * v_token_stride + h * v_head_stride, kv_row.data(), dim);
+          for (int64_t g = 0; g < group; ++g) {
+            add_scaled(acc.data() + g * dim, kv_row.data(), scores[g * n + j], dim);
+          }
         }
       }
       for (int64_t g = 0; g < group; ++g) {
