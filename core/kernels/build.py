@@ -9,6 +9,7 @@ compiler, or a failed build, falls back to the pure-torch paths with one warning
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -58,7 +59,7 @@ def _build(name: str) -> ModuleType | None:
     try:
         module = cpp_extension.load(
             name=f"plugserve_{name}", sources=[str(CSRC / f"{name}.cpp")],
-            extra_cflags=_CFLAGS, verbose=False,
+            extra_cflags=[*_CFLAGS, f"-DPLUGSERVE_HEADERS={_headers_digest()}"], verbose=False,
         )
     except Exception as exc:  # a compiler error, a missing header: fall back, say why once
         _reasons[name] = f"build failed: {type(exc).__name__}: {str(exc).splitlines()[-1:]}"
@@ -66,3 +67,13 @@ def _build(name: str) -> ModuleType | None:
                     name, _reasons[name])
         return None
     return module
+
+
+def _headers_digest() -> str:
+    """A digest of the shared headers in `csrc/`. torch rebuilds an extension when its
+    sources or flags change, not its headers: this flag carries the headers' change."""
+    digest = hashlib.sha256()
+    for header in sorted(CSRC.glob("*.h")):
+        digest.update(header.name.encode())
+        digest.update(header.read_bytes())
+    return digest.hexdigest()[:16]

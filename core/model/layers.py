@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plugserve.kernels import fused_elementwise as fused
 from plugserve.kernels import skinny_linear as skinny
 from plugserve.kernels.packed_linear import Derived, packed, per_weight
 
@@ -117,7 +118,8 @@ class RMSNorm(nn.Module):
 
     Llama casts the normalised x back to the input dtype, then multiplies by `weight`. With
     `unit_offset` (Gemma) the scale is (1 + weight) and the product is taken in float32
-    before the cast back.
+    before the cast back. On the CPU this runs as one fused pass per row
+    (`plugserve.kernels.fused_elementwise`); its torch reference is the path elsewhere.
     """
 
     def __init__(
@@ -130,12 +132,19 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(size, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        in_dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.unit_offset:
-            return (x32 * (1.0 + self.weight.float())).to(in_dtype)
-        return self.weight * x32.to(in_dtype)
+        if fused.applies(x, self.weight):
+            return fused.rms_norm(x, self.weight, self.eps, self.unit_offset)
+        return fused.rms_norm_reference(x, self.weight, self.eps, self.unit_offset)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(residual + x), residual + x): a sub-layer's output joins the residual stream
+        and the sum is normed, in one pass where the fused kernel applies."""
+        if x.shape == residual.shape and fused.applies(x, residual, self.weight):
+            return fused.add_rms_norm(x, residual, self.weight, self.eps, self.unit_offset)
+        total = residual + x
+        return self(total), total
 
     def extra_repr(self) -> str:
         offset = ", 1 + weight" if self.unit_offset else ""
@@ -154,7 +163,8 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)) with gate and up fused into one projection; act is SiLU
-    (SwiGLU, the Llama family) or GELU with the tanh approximation (Gemma 3)."""
+    (SwiGLU, the Llama family) or GELU with the tanh approximation (Gemma 3). SiLU(gate) * up
+    is one fused pass on the CPU (`plugserve.kernels.fused_elementwise`)."""
 
     def __init__(
         self, hidden_size: int, intermediate_size: int, *, bias: bool, dtype: torch.dtype,
@@ -172,7 +182,10 @@ class GatedMLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.activation == "silu" and fused.applies(gate_up):
+            return self.down_proj(fused.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
     def extra_repr(self) -> str:

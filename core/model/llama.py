@@ -130,11 +130,12 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         attn = self.self_attn(self.input_layernorm(hidden), cos, sin, forward_batch, backend)
         pre_mlp, post_mlp = self.pre_feedforward_layernorm, self.post_feedforward_layernorm
+        # The residual add and the norm after it are one fused step (`RMSNorm.add_and_norm`).
         if pre_mlp is None or post_mlp is None:
-            hidden = hidden + attn
-            return hidden + self.mlp(self.post_attention_layernorm(hidden))
-        hidden = hidden + self.post_attention_layernorm(attn)
-        return hidden + post_mlp(self.mlp(pre_mlp(hidden)))
+            mlp_in, hidden = self.post_attention_layernorm.add_and_norm(attn, hidden)
+            return hidden + self.mlp(mlp_in)
+        mlp_in, hidden = pre_mlp.add_and_norm(self.post_attention_layernorm(attn), hidden)
+        return hidden + post_mlp(self.mlp(mlp_in))
 
 
 def _norm(arch: ModelArchConfig, size: int, dtype: torch.dtype, device: Device) -> RMSNorm:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from plugserve.kernels import packed_linear
+from plugserve.kernels import packed_linear, skinny_linear
 from plugserve.kernels.packed_linear import pack, pack_kind, packed
 from plugserve.model.layers import linear
 
@@ -43,7 +43,9 @@ def test_float32_model_layers_use_mkl_and_stay_exact() -> None:
     kind = _kind_or_skip(torch.float32)
     assert kind == "mkl"
     w = torch.nn.Parameter(torch.randn(40, 24))
-    x = torch.randn(5, 24)  # more than one row: bit for bit
+    # More rows than the few-row kernel takes (plugserve.kernels.skinny_linear): MKL, and
+    # bit for bit.
+    x = torch.randn(skinny_linear.MAX_ROWS + 5, 24)
     with torch.inference_mode():
         assert torch.equal(linear(x, w, None), F.linear(x, w))
         assert linear(x, w, None, out_dtype=torch.float64).dtype == torch.float64

@@ -37,7 +37,9 @@ def _case(
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 4, 64), (9, 3, 64), (8, 2, 128), (6, 3, 48)])
+@pytest.mark.parametrize(
+    "heads,kv_heads,dim", [(4, 4, 64), (4, 2, 64), (9, 3, 64), (8, 2, 128), (10, 2, 256), (6, 3, 48)]
+)
 @pytest.mark.parametrize("window", [None, 5])
 def test_matches_the_reference(
     dtype: torch.dtype, atol: float, heads: int, kv_heads: int, dim: int, window: int | None

@@ -18,6 +18,8 @@
 #include <limits>
 #include <vector>
 
+#include "vec_exp.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -37,22 +39,6 @@ inline void load_row(const c10::BFloat16* __restrict src, float* __restrict dst,
 }
 inline void load_row(const c10::Half* __restrict src, float* __restrict dst, int64_t n) {
   for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
-}
-
-// exp(x) for x <= 0 (a score minus its row's maximum), within 2 ulp of expf, in a form the
-// compiler vectorises: 2^n * e^r with r in [-ln2/2, ln2/2] and a degree-6 polynomial for e^r.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const uint32_t scale = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  return p * __builtin_bit_cast(float, scale);
 }
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
@@ -229,7 +215,7 @@ void decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t j = 0; j < n; ++j) {
-          s[j] = exp_nonpositive(s[j] - m);
+          s[j] = plugserve::exp_f32(s[j] - m);
           sum += s[j];
         }
         denom[g] = sum;
