@@ -78,6 +78,10 @@ class Engine:
 
         self.device = torch.device(cfg.device)
         self.dtype = _torch_dtype(cfg.dtype)
+        if self.device.type == "cpu":
+            from plugserve.kernels.cpu_malloc import keep_freed_memory
+
+            keep_freed_memory()
         loaded = load_model(cfg.model, dtype=self.dtype, device=self.device)
         self.model = loaded.model
         self.arch = loaded.arch

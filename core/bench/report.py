@@ -35,7 +35,7 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
         for run in report["runs"]:
             _say(console, f"{run['name']}: acceptance length {_num(run['accept_len'], 2)}, "
                           f"target forwards / token {_num(run['target_forwards_per_token'], 3)}")
-    if name == "throughput" and "prompt_tokens" in work:
+    if name in ("throughput", "prefill") and "prompt_tokens" in work:
         _say(console, f"workload tokens: {work['prompt_tokens']:,} prompt, "
                       f"{work['output_tokens']:,} output")
     hf = report.get("transformers")

@@ -89,20 +89,28 @@ def engine_configs(base: EngineConfig, options: ThroughputOptions) -> dict[str, 
 def run(
     runner: Runner, options: ThroughputOptions, comparison: Comparison | None
 ) -> dict[str, Any]:
+    workload = make_workload(options)
+    header = {
+        "name": NAME,
+        "num_seqs": options.num_seqs,
+        "max_input_len": options.max_input_len,
+        "max_output_len": options.max_output_len,
+        "seed": options.seed,
+    }
+    return run_workload(runner, header, workload, comparison)
+
+
+def run_workload(
+    runner: Runner, header: dict[str, Any], workload: Workload, comparison: Comparison | None
+) -> dict[str, Any]:
+    """Every request of `workload` submitted at once to one engine with the command's
+    configuration, then the comparison (if any) on the same prompts."""
     from plugserve.sampling import SamplingParams
 
-    workload = make_workload(options)
     report = new_report(
         runner,
-        {
-            "name": NAME,
-            "num_seqs": options.num_seqs,
-            "max_input_len": options.max_input_len,
-            "max_output_len": options.max_output_len,
-            "seed": options.seed,
-            "prompt_tokens": workload.prompt_tokens,
-            "output_tokens": workload.output_tokens,
-        },
+        {**header, "prompt_tokens": workload.prompt_tokens,
+         "output_tokens": workload.output_tokens},
     )
     with runner.engine("plugserve", warmup=workload.prompts[0]) as engine:
         work = workload.within_vocab(int(engine.arch.vocab_size))

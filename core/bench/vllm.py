@@ -39,7 +39,7 @@ SETUP_HINT = ("run benchmarks/setup_vllm.sh (it creates .venv-vllm) and pass "
               "--vllm-python .venv-vllm/bin/python")
 FIRST_TOKENS = 32
 KV_CACHE_GIB = 4
-WORKLOADS = ("throughput", "shared-prefix", "spec")  # offline workloads with timed engine runs
+WORKLOADS = ("throughput", "prefill", "shared-prefix", "spec")  # offline workloads with timed engine runs
 EXIT_NO_VLLM = 3  # vllm_driver.py: vllm does not import
 EXIT_BAD_INPUT = 2
 CHECK_TIMEOUT_S = 120.0

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from plugserve.bench import long_context, sessions, shared_prefix, spec, throughput
+from plugserve.bench import long_context, prefill, sessions, shared_prefix, spec, throughput
 
 if TYPE_CHECKING:
     from plugserve.bench.hf import Comparison
@@ -51,6 +51,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload(spec, "chat prompts; plain vs EAGLE chain vs tree, page 1/16, batch 1/8"),
         Workload(sessions, "multi-turn conversations; streaming sessions vs re-sent history"),
         Workload(long_context, "long prompts on a hybrid SWA model; SWA pools vs one pool"),
+        Workload(prefill, "prompts of one length, one output token: prefill speed"),
     )
 }
 

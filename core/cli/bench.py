@@ -51,7 +51,7 @@ def bench_command(
         str,
         typer.Argument(
             metavar="WORKLOAD",
-            help="throughput (default), shared-prefix, spec, sessions, long-context or "
+            help="throughput (default), prefill, shared-prefix, spec, sessions, long-context or "
             "serving.",
             show_default=False,
         ),
@@ -71,6 +71,7 @@ def bench_command(
     spec_draft_tokens: SpecDraftTokensOpt = None,
     num_seqs: Annotated[
         int | None, typer.Option(help="throughput: requests in the workload (default 64); "
+                                 "prefill: prompts (default 1); "
                                  "serving: requests per rate (default 32).")
     ] = None,
     max_input_len: Annotated[
@@ -136,7 +137,8 @@ def bench_command(
                      "(default random)."),
     ] = None,
     input_len: Annotated[
-        int | None, typer.Option(help="serving: random prompt tokens (default 128).")
+        int | None, typer.Option(help="serving: random prompt tokens (default 128); prefill: "
+                                 "tokens per prompt (default 1024).")
     ] = None,
     goodput: Annotated[
         str | None,
@@ -169,6 +171,8 @@ def bench_command(
     \b
     throughput     random prompts and output lengths, all at once (64 seqs:
                    9,536 prompt / 8,224 output tokens)
+    prefill        N prompts of L random tokens (default one of 1,024), one
+                   output token each: prefill speed (input tok/s)
     shared-prefix  G groups x P prompts, each a shared S-token prefix + a Q-token
                    question; run with the radix cache and without
     spec           chat prompts; plain vs EAGLE chain (3 steps) vs tree (topk 4,

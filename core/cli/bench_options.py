@@ -13,6 +13,7 @@ from plugserve.cli.errors import UsageError
 WORKLOAD_OPTIONS: dict[str, tuple[str, ...]] = {
     # workload -> its own options (each refused by the others)
     "throughput": ("num_seqs", "max_input_len", "max_output_len", "seed"),
+    "prefill": ("num_seqs", "input_len", "seed"),
     "shared-prefix": (
         "groups", "prompts_per_group", "prefix_len", "question_len", "output_len", "seed",
     ),
@@ -56,6 +57,10 @@ def bench_workload_options(workload: str, values: dict[str, Any]) -> Any:
     given = {k: v for k, v in values.items() if v is not None}
     if workload == "throughput":
         return ThroughputOptions(**given)
+    if workload == "prefill":
+        from plugserve.bench.prefill import PrefillOptions
+
+        return PrefillOptions(**given)
     if workload == "shared-prefix":
         return SharedPrefixOptions(**given)
     if workload == "long-context":

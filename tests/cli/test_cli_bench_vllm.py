@@ -345,5 +345,5 @@ def test_workloads_without_a_vllm_comparison(cli: Callable[..., Any], tmp_path: 
               "--vllm-python", str(python), env={"PLUGSERVE_PLUGINS": ""})
     assert run.exit_code == 1
     assert run.stderr_lines == [
-        "error: --compare vllm applies to bench throughput, shared-prefix, spec, not sessions"
+        "error: --compare vllm applies to bench throughput, prefill, shared-prefix, spec, not sessions"
     ]

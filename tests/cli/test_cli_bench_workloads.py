@@ -84,6 +84,22 @@ def test_throughput(cli: Callable[..., Any], tiny_model_dir: Path, tmp_path: Pat
     assert "TTFT mean" in out and "workload tokens:" in out
 
 
+def test_prefill_against_transformers(cli: Callable[..., Any], tiny_model_dir: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    report = bench(cli, "prefill", "--model", str(tiny_model_dir), "--num-seqs", "2",
+                   "--input-len", "40", "--compare", "transformers", "--hf-batch-sizes", "2")
+    assert report["workload"] == {"name": "prefill", "num_seqs": 2, "input_len": 40, "seed": 0,
+                                  "prompt_tokens": 80, "output_tokens": 2}
+    (run,) = report["runs"]
+    assert run["input_tok_per_s"] > 0 and run["output_tokens"] == 2
+    assert run["ttft_s"]["mean"] > 0
+    assert set(run["itl_s"].values()) == {None}  # one token each: no gaps between tokens
+    assert run["engine_counters"]["prefill_tokens"] == 80
+    assert report["transformers"]["output_tok_per_s"] > 0
+    print_report(report)
+    assert "workload tokens: 80 prompt, 2 output" in capsys.readouterr().out
+
+
 def test_shared_prefix_against_transformers(
     cli: Callable[..., Any], tiny_model_dir: Path, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -170,6 +186,11 @@ def test_spec(cli: Callable[..., Any], tiny_model_dir: Path, head_dir: Path, tmp
          "error: --num-seqs does not apply to bench spec; its options: --spec-prompts, "
          "--output-len"),
         (["bench", "--groups", "2"], "error: --groups does not apply to bench throughput"),
+        (["bench", "prefill", "--max-input-len", "64"],
+         "error: --max-input-len does not apply to bench prefill; its options: --num-seqs, "
+         "--input-len, --seed"),
+        (["bench", "prefill", "--input-len", "0"],
+         "error: invalid benchmark options: input_len must be >= 1, got 0"),
         (["bench", "shared-prefix", "--prefix-len", "0"],
          "error: invalid benchmark options: prefix_len must be >= 1, got 0"),
         (["bench", "spec", "--model", "/nonexistent-model"],
@@ -187,7 +208,7 @@ def test_bad_arguments(cli: Callable[..., Any], args: list[str], message: str) -
 def test_help_lists_the_workloads(cli: Callable[..., Any]) -> None:
     run = cli("bench", "--help")
     assert run.exit_code == 0
-    for text in ("throughput", "shared-prefix", "spec", "--plot", "a gap of 0"):
+    for text in ("throughput", "prefill", "shared-prefix", "spec", "--plot", "a gap of 0"):
         assert text in run.stdout, text
 
 

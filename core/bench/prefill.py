@@ -1,0 +1,51 @@
+"""Workload `prefill`: N prompts of exactly L random tokens (default one of 1,024), one output
+token each, all submitted at once: the time is the prefill's. Input tok/s is the figure;
+with one output token per request the output tok/s ratio to another implementation is the
+same ratio. `--compare vllm` / `transformers` run the same prompts.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from plugserve.bench.throughput import TOKEN_ID_MAX, Workload, run_workload
+
+if TYPE_CHECKING:
+    from plugserve.bench.hf import Comparison
+    from plugserve.bench.runner import Runner
+    from plugserve.config import EngineConfig
+
+NAME = "prefill"
+ENGINE_FIELDS_SET: tuple[str, ...] = ()  # runs the command's engine configuration as is
+
+
+@dataclass(frozen=True)
+class PrefillOptions:
+    num_seqs: int = 1
+    input_len: int = 1024
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_seqs < 1:
+            raise ValueError(f"num_seqs must be >= 1, got {self.num_seqs}")
+        if self.input_len < 1:
+            raise ValueError(f"input_len must be >= 1, got {self.input_len}")
+
+
+def make_workload(options: PrefillOptions) -> Workload:
+    rng = random.Random(options.seed)
+    prompts = [[rng.randint(0, TOKEN_ID_MAX) for _ in range(options.input_len)]
+               for _ in range(options.num_seqs)]
+    return Workload(prompts, [1] * options.num_seqs)
+
+
+def engine_configs(base: EngineConfig, options: PrefillOptions) -> dict[str, EngineConfig]:
+    return {"plugserve": base}
+
+
+def run(runner: Runner, options: PrefillOptions, comparison: Comparison | None) -> dict[str, Any]:
+    header = {"name": NAME, "num_seqs": options.num_seqs, "input_len": options.input_len,
+              "seed": options.seed}
+    return run_workload(runner, header, make_workload(options), comparison)
