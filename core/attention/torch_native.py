@@ -28,9 +28,11 @@ from plugserve.runner.forward_batch import ForwardBatch
 
 @dataclass
 class TorchNativeMetadata:
-    # extend: per request, the KV slots it reads and its query/key boolean mask (True = attend)
+    # extend: per request, the KV slots it reads and its query/key boolean mask (True = attend);
+    # None for a plain causal prompt without a cached prefix (SDPA's is_causal, which skips
+    # the masked half instead of computing and discarding it)
     kv_slots: list[torch.Tensor]
-    masks: list[torch.Tensor]
+    masks: list[torch.Tensor | None]
     query_starts: list[int]
     # decode: padded slot table and validity, [batch, max_len]
     padded_slots: torch.Tensor | None = None
@@ -65,7 +67,7 @@ class TorchNativeBackend(AttentionBackend):
             fb.attn_metadata = TorchNativeMetadata([], [], [], slots, key_pos, valid, fb.seq_lens)
             return
         kv_slots: list[torch.Tensor] = []
-        masks: list[torch.Tensor] = []
+        masks: list[torch.Tensor | None] = []
         starts: list[int] = []
         query_start = 0
         mask_start = 0
@@ -73,11 +75,12 @@ class TorchNativeBackend(AttentionBackend):
             zip(fb.seq_lens_cpu, fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, strict=True)
         ):
             kv_slots.append(fb.req_to_token[rows[i], :seq_len])
+            mask: torch.Tensor | None = None
             if fb.custom_mask is not None:
                 size = ext_len * seq_len
                 mask = fb.custom_mask[mask_start : mask_start + size].view(ext_len, seq_len)
                 mask_start += size
-            else:
+            elif prefix_len > 0:
                 q_pos = torch.arange(prefix_len, prefix_len + ext_len, device=rows.device)
                 k_pos = torch.arange(seq_len, device=rows.device)
                 mask = k_pos[None, :] <= q_pos[:, None]
@@ -114,6 +117,8 @@ class TorchNativeBackend(AttentionBackend):
             slots = fb.kv_pool.slots_for_layer(layer.layer_id, meta.kv_slots[i])
             mask = meta.masks[i]
             if layer.sliding_window is not None:
+                if mask is None:
+                    mask = torch.ones(ext_len, ext_len, dtype=torch.bool, device=q.device).tril()
                 mask = mask & self._window_mask(
                     fb.extend_prefix_lens_cpu[i], fb.positions[start : start + ext_len],
                     layer.sliding_window,
@@ -123,7 +128,7 @@ class TorchNativeBackend(AttentionBackend):
             vi = v_buf.index_select(0, slots).to(dtype).transpose(0, 1)
             oi = F.scaled_dot_product_attention(
                 qi.unsqueeze(0), ki.unsqueeze(0), vi.unsqueeze(0),
-                attn_mask=mask, scale=layer.scaling,
+                attn_mask=mask, is_causal=mask is None, scale=layer.scaling,
                 enable_gqa=layer.num_heads != layer.num_kv_heads,
             )
             out[start : start + ext_len] = oi[0].transpose(0, 1).to(q.dtype)
