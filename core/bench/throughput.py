@@ -101,10 +101,12 @@ def run(
 
 
 def run_workload(
-    runner: Runner, header: dict[str, Any], workload: Workload, comparison: Comparison | None
+    runner: Runner, header: dict[str, Any], workload: Workload, comparison: Comparison | None,
+    warm_prompt: list[int] | None = None,
 ) -> dict[str, Any]:
     """Every request of `workload` submitted at once to one engine with the command's
-    configuration, then the comparison (if any) on the same prompts."""
+    configuration, then the comparison (if any) on the same prompts. `warm_prompt`, when
+    given, is generated (one token) before the timed run, after the usual short warm-up."""
     from plugserve.sampling import SamplingParams
 
     report = new_report(
@@ -115,6 +117,10 @@ def run_workload(
     with runner.engine("plugserve", warmup=workload.prompts[0]) as engine:
         work = workload.within_vocab(int(engine.arch.vocab_size))
         params = [SamplingParams(max_new_tokens=m, ignore_eos=True) for m in work.max_new]
+        if warm_prompt is not None:
+            vocab = int(engine.arch.vocab_size)
+            engine.generate([[t % vocab for t in warm_prompt]],
+                            SamplingParams(max_new_tokens=1, ignore_eos=True))
         measured = runner.measure(engine, "plugserve", work.prompts, params)
     report["runs"].append({**measured.metrics(), "settings": {}})
     if comparison is not None:
