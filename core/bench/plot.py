@@ -1,6 +1,6 @@
 """`--plot FILE.png`: a bar chart of a report's main figures (matplotlib, Agg backend).
 
-throughput: output tok/s per run (and transformers). shared-prefix: output tok/s, mean TTFT
+throughput, prefill: output tok/s per run (and transformers, vLLM). shared-prefix: output tok/s, mean TTFT
 and prefill tokens computed per cache setting (with the total and unique prompt tokens).
 spec: output tok/s and acceptance length per configuration. serving: output tok/s, mean TTFT,
 mean TPOT (and goodput) per request rate.
@@ -30,6 +30,10 @@ def panels(report: dict[str, Any]) -> list[Panel]:
     if hf is not None:
         names.append(f"transformers (batch {hf['batch_size']})")
         rates.append(float(hf["output_tok_per_s"]))
+    vllm = report.get("vllm")
+    if vllm is not None and vllm.get("output_tok_per_s"):
+        names.append(f"vLLM {vllm.get('vllm_version', '')} (CPU)".replace("  ", " "))
+        rates.append(float(vllm["output_tok_per_s"]))
     out = [Panel("output tok/s", names, rates)]
     kind = report["workload"].get("name", "throughput")
     if kind == "shared-prefix":

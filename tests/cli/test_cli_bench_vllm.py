@@ -347,3 +347,16 @@ def test_workloads_without_a_vllm_comparison(cli: Callable[..., Any], tmp_path: 
     assert run.stderr_lines == [
         "error: --compare vllm applies to bench throughput, prefill, shared-prefix, spec, not sessions"
     ]
+
+
+def test_the_plot_has_a_vllm_bar() -> None:
+    from plugserve.bench.plot import panels
+
+    report = {
+        "workload": {"name": "throughput"},
+        "runs": [{"name": "plugserve", "output_tok_per_s": 90.0}],
+        "vllm": {"vllm_version": "0.32.0", "output_tok_per_s": 100.0},
+    }
+    (tok_s,) = panels(report)
+    assert tok_s.labels == ["plugserve", "vLLM 0.32.0 (CPU)"]
+    assert tok_s.values == [90.0, 100.0]
