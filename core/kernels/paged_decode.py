@@ -6,7 +6,7 @@ V buffers ([slots, kv_heads, head_dim]); `first_key` is 0 for a full layer and
 padded copy and `scaled_dot_product_attention` in float32 (what `torch_native` did before the
 kernel); `paged_decode` runs `csrc/paged_decode.cpp`, which reads each key and value where it
 lies, once, and computes in float32 as well. The kernel is tested against the reference
-(tests/core/test_paged_decode_kernel.py).
+(tests/kernels/test_paged_decode_kernel.py).
 """
 
 from __future__ import annotations
