@@ -30,10 +30,12 @@ import torch.nn.functional as F
 
 from plugserve.kernels.build import enabled_by_environment
 
-_HALF = (torch.bfloat16, torch.float16)
+HALF = (torch.bfloat16, torch.float16)
 
 
-def _half_is_native(dtype: torch.dtype) -> bool:
+def half_is_native(dtype: torch.dtype) -> bool:
+    """True when this CPU multiplies `dtype` (bf16/fp16) natively (AVX512-BF16, AMX,
+    AVX512-FP16), as oneDNN reports it."""
     mkldnn = torch.ops.mkldnn
     if dtype == torch.bfloat16:
         return bool(mkldnn._is_mkldnn_bf16_supported())
@@ -51,7 +53,7 @@ def pack_kind(weight: torch.Tensor) -> str | None:
         if torch.backends.mkl.is_available():
             return "mkl"
         return None
-    if weight.dtype in _HALF and torch.backends.mkldnn.is_available() and _half_is_native(
+    if weight.dtype in HALF and torch.backends.mkldnn.is_available() and half_is_native(
         weight.dtype
     ):
         return "onednn"

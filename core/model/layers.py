@@ -20,26 +20,16 @@ from torch import nn
 
 from plugserve.kernels import fused_elementwise as fused
 from plugserve.kernels import skinny_linear as skinny
-from plugserve.kernels.packed_linear import Derived, packed, per_weight
+from plugserve.kernels.packed_linear import HALF, Derived, half_is_native, packed, per_weight
 
 Device = torch.device | str
-
-_HALF = (torch.bfloat16, torch.float16)
-
-
-def _cpu_half_matmul_is_native(dtype: torch.dtype) -> bool:
-    mkldnn = torch.ops.mkldnn
-    if dtype == torch.bfloat16:
-        return bool(mkldnn._is_mkldnn_bf16_supported())
-    return bool(mkldnn._is_mkldnn_fp16_supported())
-
 
 def upcasts_matmul(weight: torch.Tensor) -> bool:
     """True when matmuls against `weight` are faster in float32 on this machine."""
     return (
         weight.device.type == "cpu"
-        and weight.dtype in _HALF
-        and not _cpu_half_matmul_is_native(weight.dtype)
+        and weight.dtype in HALF
+        and not half_is_native(weight.dtype)
     )
 
 

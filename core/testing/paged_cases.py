@@ -20,6 +20,7 @@ from plugserve.attention.torch_native import TorchNativeBackend
 from plugserve.mem.kv_pool import KVPool
 from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
 from plugserve.spec.layout import HoleyLayout
+from plugserve.testing.conformance.paged import fp32_twin
 
 LAYER_ID = 2
 
@@ -165,20 +166,6 @@ def _lane_lists(table: torch.Tensor, rows: torch.Tensor, prefix_lens: list[int],
             lens.append(prefix + step + 1)
     indptr = torch.tensor(indptr_from_lengths(lens), dtype=torch.int64, device=table.device)
     return DraftKVLists(indptr, torch.cat(parts), lens)
-
-
-def fp32_twin(fb: ForwardBatch) -> ForwardBatch:
-    """The same batch over an fp32 copy of its pool: the exact oracle for half types."""
-    pool = fb.kv_pool
-    if pool.dtype == torch.float32:
-        return replace(fb, attn_metadata=None, extra=dict(fb.extra))
-    twin = KVPool(num_pages=pool.num_pages, page_size=pool.page_size, layer_ids=pool.layer_ids,
-                  num_kv_heads=pool.num_kv_heads, head_dim=pool.head_dim, dtype=torch.float32,
-                  device=pool.device)
-    for i in pool.layer_ids:
-        twin.k_buffer[i].copy_(pool.k_buffer[i])
-        twin.v_buffer[i].copy_(pool.v_buffer[i])
-    return replace(fb, kv_pool=twin, attn_metadata=None, extra=dict(fb.extra))
 
 
 def native(fb: ForwardBatch, q: torch.Tensor, shape: Shape) -> torch.Tensor:

@@ -20,7 +20,7 @@ def test_fp32_weights_are_used_as_they_are() -> None:
 
 def test_half_weight_copy_follows_in_place_writes_and_dies_with_the_weight() -> None:
     mp = pytest.MonkeyPatch()
-    mp.setattr(layers, "_cpu_half_matmul_is_native", lambda dtype: False)
+    mp.setattr(layers, "half_is_native", lambda dtype: False)
     try:
         w = torch.nn.Parameter(torch.randn(5, 3, dtype=torch.bfloat16))
         first = matmul_weight(w)
@@ -44,7 +44,7 @@ def test_half_weight_copy_follows_in_place_writes_and_dies_with_the_weight() -> 
 
 def test_native_half_matmul_keeps_half_weights() -> None:
     mp = pytest.MonkeyPatch()
-    mp.setattr(layers, "_cpu_half_matmul_is_native", lambda dtype: True)
+    mp.setattr(layers, "half_is_native", lambda dtype: True)
     try:
         w = torch.randn(4, 3, dtype=torch.bfloat16)
         assert matmul_weight(w) is w

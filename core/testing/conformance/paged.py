@@ -249,10 +249,11 @@ class BatchFactory:
 
 
 def fp32_twin(fb: ForwardBatch) -> ForwardBatch:
-    """The same batch over an fp32 copy of its KV pool (an exact oracle for half dtypes)."""
+    """The same batch over an fp32 copy of its KV pool (an exact oracle for half dtypes); a
+    new batch even in fp32, so the reference's metadata never replaces the original's."""
     pool = fb.kv_pool
     if pool.dtype == torch.float32:
-        return fb
+        return replace(fb, attn_metadata=None, extra=dict(fb.extra))
     twin = KVPool(num_pages=pool.num_pages, page_size=pool.page_size, layer_ids=pool.layer_ids,
                   num_kv_heads=pool.num_kv_heads, head_dim=pool.head_dim, dtype=torch.float32,
                   device=pool.device)
