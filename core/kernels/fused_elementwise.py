@@ -12,7 +12,6 @@ tested against them, tests/kernels/test_fused_elementwise.py).
 
 from __future__ import annotations
 
-import functools
 from types import ModuleType
 
 import torch
@@ -25,15 +24,9 @@ KERNEL = "fused_elementwise"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-@functools.cache
-def _loaded() -> ModuleType | None:
-    # `load` decides once per process; asking it again costs a lock on every layer call.
-    return load(KERNEL)
-
-
 def available() -> bool:
     """True when the compiled kernels load on this machine (compiling them the first time)."""
-    return _loaded() is not None
+    return load(KERNEL) is not None
 
 
 def why_unavailable() -> str | None:
@@ -53,11 +46,11 @@ def applies(*tensors: torch.Tensor) -> bool:
             return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
-    return _loaded() is not None
+    return load(KERNEL) is not None
 
 
 def _module() -> ModuleType:
-    module = _loaded()
+    module = load(KERNEL)
     if module is None:
         raise RuntimeError(f"the fused_elementwise CPU kernels are unavailable: {why_unavailable()}")
     return module

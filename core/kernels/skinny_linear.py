@@ -11,6 +11,7 @@ packed GEMM-library path is used. The reference is `F.linear` in float64
 
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 
 import torch
@@ -23,17 +24,11 @@ KERNEL = "skinny_linear"
 # 576 x 576 .. 49152 x 576, with 1 and 2 threads: 2-3x at 2..16 rows, 1.5x at 32).
 MAX_ROWS = 32
 
-_module: ModuleType | None = None
-_resolved = False
-
-
+@functools.cache
 def _kernel() -> ModuleType | None:
-    global _module, _resolved
-    if not _resolved:
-        module = load(KERNEL)
-        _module = module if module is not None and module.isa() != "none" else None
-        _resolved = True
-    return _module
+    """The built module where it has AVX-512 code (asked once: `isa()` is a Python call)."""
+    module = load(KERNEL)
+    return module if module is not None and module.isa() != "none" else None
 
 
 def available() -> bool:
