@@ -75,12 +75,16 @@ constexpr int64_t kPrefetchKeys = 16;
 template <typename T, int64_t D>
 void scores_avx512(const float* qf, int64_t group, const T* base, const int64_t* row_slots,
                    int64_t n, int64_t token_stride, float scale, float* scores,
-                   float* row_max) {
+                   float* row_max, const T* v_base, int64_t v_token_stride) {
   constexpr int C = D / 16;
   for (int64_t j = 0; j < n; ++j) {
     if (j + kPrefetchKeys < n) {
       const char* ahead = reinterpret_cast<const char*>(base + row_slots[j + kPrefetchKeys] * token_stride);
       for (int64_t b = 0; b < D * int64_t(sizeof(T)); b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+      // The same key's values, into L2 for the value pass: a task's values fit there, and
+      // asking for them now keeps more lines in flight while this pass waits on its keys.
+      const char* v_ahead = reinterpret_cast<const char*>(v_base + row_slots[j + kPrefetchKeys] * v_token_stride);
+      for (int64_t b = 0; b < D * int64_t(sizeof(T)); b += 64) _mm_prefetch(v_ahead + b, _MM_HINT_T1);
     }
     const T* kp = base + row_slots[j] * token_stride;
     __m512 kc[C];
@@ -197,7 +201,8 @@ void decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::
       if constexpr (kVector) {
 #if defined(__AVX512F__)
         scores_avx512<T, kDim>(qf.data(), group, k_ptr + h * head_stride, row_slots, n,
-                               token_stride, fscale, scores.data(), row_max.data());
+                               token_stride, fscale, scores.data(), row_max.data(),
+                               v_ptr + h * v_head_stride, v_token_stride);
 #endif
       } else {
         for (int64_t j = 0; j < n; ++j) {
