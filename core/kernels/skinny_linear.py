@@ -1,11 +1,15 @@
-"""Linear layers for a few rows in float32: the compiled CPU kernel and its reference.
+"""Linear layers for a few rows: the compiled CPU kernel and its reference.
 
 A decode step multiplies one row per running request by every weight matrix, so its linears
 are a stream over the weights. The GEMM libraries reach a fraction of the memory bandwidth
 there (MKL's sgemm with 2..16 rows runs at a third of its one-row speed); `csrc/skinny_linear.cpp`
-streams each weight row once per step for up to `MAX_ROWS` rows, with float32 FMAs, on CPUs
-with AVX-512. Elsewhere (more rows, other dtypes, no AVX-512, `PLUGSERVE_CPU_KERNELS=0`) the
-packed GEMM-library path is used. The reference is `F.linear` in float64
+streams each weight row once per step, on CPUs with AVX-512:
+- float32, up to `MAX_ROWS` rows, with float32 FMAs;
+- bfloat16, up to `MAX_ROWS_BF16` rows, on CPUs with AVX512-BF16: pairs multiplied exactly
+  and summed in float32 (as oneDNN does), the result rounded to bf16. oneDNN streams bf16
+  weights as fast, but costs ~15 us per call, a third of a small layer at one row.
+Elsewhere (more rows, other dtypes, no AVX-512, `PLUGSERVE_CPU_KERNELS=0`) the packed
+GEMM-library path is used. The reference is `F.linear` in float64
 (tests/kernels/test_skinny_linear.py).
 """
 
@@ -23,6 +27,9 @@ KERNEL = "skinny_linear"
 # Rows up to which the kernel beats MKL's packed sgemm (measured at the decoder's shapes,
 # 576 x 576 .. 49152 x 576, with 1 and 2 threads: 2-3x at 2..16 rows, 1.5x at 32).
 MAX_ROWS = 32
+# Rows up to which the bf16 kernel is at least as fast as oneDNN's packed matmul (measured at
+# the decoder's shapes with 2 threads: 15% faster at one row, even at two, slower from four).
+MAX_ROWS_BF16 = 2
 
 @functools.cache
 def _kernel() -> ModuleType | None:
@@ -42,23 +49,30 @@ def why_unavailable() -> str | None:
     return unavailable_reason(KERNEL) or "this CPU has no AVX-512"
 
 
+@functools.cache
+def takes_bf16() -> bool:
+    """True when the built kernel takes bfloat16 operands (the CPU has AVX512-BF16)."""
+    module = _kernel()
+    return module is not None and bool(module.has_bf16())
+
+
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True when `skinny_linear(x, weight, ...)` is the faster way here."""
-    return (
-        x.dim() == 2
-        and 0 < x.shape[0] <= MAX_ROWS
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and x.device.type == "cpu"
-        and weight.device.type == "cpu"
-        and _kernel() is not None
-    )
+    if x.dim() != 2 or x.device.type != "cpu" or weight.device.type != "cpu":
+        return False
+    rows, dtype = x.shape[0], x.dtype
+    if dtype != weight.dtype or rows == 0:
+        return False
+    if dtype == torch.float32:
+        return rows <= MAX_ROWS and _kernel() is not None
+    return dtype == torch.bfloat16 and rows <= MAX_ROWS_BF16 and takes_bf16()
 
 
 def skinny_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """x [rows, in] @ weight [out, in].T (+ bias) -> [rows, out], float32."""
+    """x [rows, in] @ weight [out, in].T (+ bias) -> [rows, out] in x's dtype (float32, or
+    bfloat16 where `takes_bf16()`)."""
     module = _kernel()
     if module is None:
         raise RuntimeError(f"the skinny_linear CPU kernel is unavailable: {why_unavailable()}")
@@ -70,4 +84,4 @@ def reference(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     b = None if bias is None else bias.double()
-    return F.linear(x.double(), weight.double(), b).float()
+    return F.linear(x.double(), weight.double(), b).to(x.dtype)

@@ -1,9 +1,11 @@
-"""The compiled few-row float32 linear kernel against F.linear in float64."""
+"""The compiled few-row linear kernel (float32, and bfloat16 on AVX512-BF16 CPUs) against
+F.linear in float64."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from plugserve.kernels import skinny_linear as sk
 from plugserve.model.layers import linear
@@ -38,6 +40,34 @@ def test_matches_float64(rows: int, n_in: int, n_out: int, bias: bool) -> None:
     torch.testing.assert_close(out, ref, atol=float(tol) * 4, rtol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+@pytest.mark.parametrize("n_in,n_out", [(576, 960), (7, 5), (33, 13), (1536, 576), (70, 257)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_matches_float64_rounded_once(rows: int, n_in: int, n_out: int, bias: bool) -> None:
+    if not sk.takes_bf16():
+        pytest.skip("this CPU has no AVX512-BF16: bf16 stays on the GEMM-library path")
+    x, w, b = (None if t is None else t.bfloat16() for t in _case(rows, n_in, n_out, bias, 9))
+    assert x is not None and w is not None
+    out = sk.skinny_linear(x, w, b)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, n_out)
+    exact = F.linear(x.double(), w.double(), None if b is None else b.double())
+    # The float32 sum is within float32 rounding of the exact one and is rounded to bf16 once:
+    # at most one bf16 step (2^-8 relative) from the exact value, plus the float32 error.
+    sum_err = 4 * n_in**0.5 * torch.finfo(torch.float32).eps * float(x.abs().max() * w.abs().max())
+    assert ((out.double() - exact).abs() <= exact.abs() * 2**-8 + sum_err).all()
+    # and it is the exact value's own bf16 rounding wherever that is not a near tie
+    assert (out == exact.to(torch.bfloat16)).double().mean() > 0.99
+
+
+def test_bf16_rows_past_the_limit_take_the_gemm_library() -> None:
+    w = torch.randn(40, 64).bfloat16()
+    few = torch.randn(sk.MAX_ROWS_BF16, 64).bfloat16()
+    assert sk.applies(few, w) == sk.takes_bf16()
+    assert not sk.applies(torch.randn(sk.MAX_ROWS_BF16 + 1, 64).bfloat16(), w)
+    assert not sk.applies(few, w.float())  # mixed dtypes
+    assert not sk.applies(few.half(), w.half())
+
+
 def test_strided_input_is_read_correctly() -> None:
     x, w, b = _case(6, 64, 40, True, seed=3)
     wide = torch.zeros(6, 128)
@@ -62,5 +92,5 @@ def test_bad_shapes_are_refused_with_the_sizes() -> None:
         sk.skinny_linear(x[:, :63], w, None)
     with pytest.raises(RuntimeError, match="bias has 7 values for 8 outputs"):
         sk.skinny_linear(x, w, torch.zeros(7))
-    with pytest.raises(RuntimeError, match="float32 only"):
+    with pytest.raises(RuntimeError, match="must both be float32"):
         sk.skinny_linear(x.double(), w.double(), None)
