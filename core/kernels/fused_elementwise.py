@@ -3,8 +3,9 @@ torch references.
 
 `rms_norm` is RMSNorm over the last dim (the Llama form, or Gemma's (1 + w) one with
 `unit_offset`), `add_rms_norm` adds a sub-layer's output to the residual stream and norms the
-sum, and `silu_mul` is SwiGLU's SiLU(gate) * up over the two halves of the gate-up
-projection. The references are the torch code the layers ran before the kernels, and remain
+sum, `silu_mul` is SwiGLU's SiLU(gate) * up over the two halves of the gate-up
+projection, and `rope_` rotates q and k heads in place where the qkv projection left them
+(`plugserve.model.rope.apply_rope` is its reference). The references are the torch code the layers ran before the kernels, and remain
 their path wherever `applies` says no; `csrc/fused_elementwise.cpp` computes the same in one
 pass over each row, rounding to the input dtype where the references round (the kernel is
 tested against them, tests/kernels/test_fused_elementwise.py).
@@ -78,6 +79,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up where gate and up are the first and second half of the last dim."""
     out: torch.Tensor = _module().silu_mul(gate_up)
     return out
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate x [tokens, heads, head_dim] in place by the per-token angles whose cos and sin
+    ([tokens, 1, head_dim // 2] or [tokens, head_dim // 2], x's dtype) are given. x may be a
+    strided view (the q and k heads inside a fused qkv output); its head_dim is contiguous."""
+    _module().rope_(x, cos, sin)
 
 
 def rms_norm_reference(

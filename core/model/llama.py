@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from plugserve.attention.base import AttentionBackend, AttentionLayer
+from plugserve.kernels import fused_elementwise as fused
 from plugserve.model.arch import ModelArchConfig
 from plugserve.model.layers import (
     Device,
@@ -90,7 +91,10 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
-        qk = apply_rope(qk, cos, sin)
+        if fused.applies(qk, cos, sin):  # in place, where the projection left q and k
+            fused.rope_(qk, cos, sin)
+        else:
+            qk = apply_rope(qk, cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, qk_width:].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = backend.forward(q, k, v, self.layer, forward_batch)

@@ -221,3 +221,35 @@ print("ok")
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,heads,kv_heads,dim", [(1, 9, 3, 64), (37, 4, 2, 128), (5, 3, 1, 10)])
+def test_rope_in_place_is_the_reference_to_the_bit(
+    dtype: torch.dtype, tokens: int, heads: int, kv_heads: int, dim: int
+) -> None:
+    from plugserve.model.rope import RotaryEmbedding, apply_rope
+
+    # q and k heads as the model hands them over: a strided view into a fused qkv output.
+    qkv = _rand(tokens, (heads + 2 * kv_heads) * dim, dtype=dtype, seed=tokens + dim, scale=3.0)
+    qk = qkv[:, : (heads + kv_heads) * dim].view(tokens, heads + kv_heads, dim)
+    v_before = qkv[:, (heads + kv_heads) * dim :].clone()
+    rotary = RotaryEmbedding(dim, 4096, 10000.0, None, dtype=dtype, device="cpu")
+    positions = torch.randint(0, 4096, (tokens,), generator=torch.Generator().manual_seed(1))
+    cos, sin = rotary(positions)
+    expected = apply_rope(qk, cos, sin)
+    fe.rope_(qk, cos, sin)
+    # Every op rounds where torch's rounds and nothing is fused: identical bits, every dtype.
+    assert torch.equal(qk.view(torch.int16 if dtype in HALF else torch.int32),
+                       expected.view(torch.int16 if dtype in HALF else torch.int32))
+    assert torch.equal(qkv[:, (heads + kv_heads) * dim :], v_before)  # v is left alone
+
+
+@pytest.mark.usefixtures("kernel")
+def test_rope_refuses_mismatched_angles() -> None:
+    x = torch.randn(3, 2, 8)
+    with pytest.raises(RuntimeError, match="4 contiguous values per token for 3 tokens"):
+        fe.rope_(x, torch.randn(3, 1, 3), torch.randn(3, 1, 3))
+    with pytest.raises(RuntimeError, match="dtype"):
+        fe.rope_(x, torch.randn(3, 1, 4).bfloat16(), torch.randn(3, 1, 4).bfloat16())

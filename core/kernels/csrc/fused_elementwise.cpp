@@ -1,5 +1,5 @@
 // The decoder's elementwise steps in one pass each, on the CPU: RMSNorm, residual add + RMSNorm,
-// and SiLU(gate) * up.
+// SiLU(gate) * up, and the rotary embedding of q and k.
 //
 // Each kernel reproduces the torch code it replaces, rounding where that code rounds:
 //   rms_norm      x32 = float(x); r = 1 / sqrt(sum(x32^2) / n + eps); y = x32 * r, then
@@ -8,6 +8,10 @@
 //   add_rms_norm  h = T(float(residual) + float(x)); returns (rms_norm(h), h).
 //   silu_mul      s = T(g / (1 + exp(-g))); returns T(float(s) * float(u)), g and u the two
 //                 halves of the last dim.
+//   rope_         in place, for a, b the two halves of each head and c, s the cos and sin of
+//                 its token: a' = T(T(a c) - T(b s)), b' = T(T(b c) + T(a s)) (HF's
+//                 q * cos + rotate_half(q) * sin, op by op). Products are not fused into
+//                 FMAs here (see below): float32 results must be torch's to the bit.
 // T is float32, bfloat16 or float16; all arithmetic is in float32 (the sum of squares too,
 // in vector lanes, so its rounding differs from torch's by an ulp or so of float32).
 //
@@ -219,6 +223,37 @@ void silu_mul_kernel(const torch::Tensor& gate_up, torch::Tensor& out) {
   });
 }
 
+// The rotation is written as torch computes it, one rounding per op: contracting a product
+// and a sum into one FMA (GCC does by default) would change float32 results in the last bit.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+template <typename T>
+void rope_kernel(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t tokens = x.size(0), heads = x.size(1), half = x.size(2) / 2;
+  const int64_t token_stride = x.stride(0), head_stride = x.stride(1);
+  const int64_t cos_stride = cos.stride(0), sin_stride = sin.stride(0);
+  T* x_ptr = x.data_ptr<T>();
+  const T* cos_ptr = cos.data_ptr<T>();
+  const T* sin_ptr = sin.data_ptr<T>();
+  at::parallel_for(0, tokens * heads, grain(2 * half), [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / heads, h = task % heads;
+      T* __restrict a = x_ptr + t * token_stride + h * head_stride;
+      T* __restrict b = a + half;
+      const T* __restrict c = cos_ptr + t * cos_stride;
+      const T* __restrict s = sin_ptr + t * sin_stride;
+#pragma omp simd
+      for (int64_t d = 0; d < half; ++d) {
+        const float av = to_float(a[d]), bv = to_float(b[d]);
+        const float cv = to_float(c[d]), sv = to_float(s[d]);
+        a[d] = from_float<T>(round_to<T>(av * cv) - round_to<T>(bv * sv));
+        b[d] = from_float<T>(round_to<T>(bv * cv) + round_to<T>(av * sv));
+      }
+    }
+  });
+}
+#pragma GCC pop_options
+
 torch::Tensor last_dim_contiguous(const torch::Tensor& t) {
   return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
 }
@@ -287,7 +322,25 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   return out;
 }
 
+void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+  check_input(x, "rope_");
+  TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0 && x.stride(2) == 1,
+              "rope_: x must be [tokens, heads, head_dim] with an even, contiguous head_dim, got ",
+              x.sizes(), " with strides ", x.strides());
+  const int64_t half = x.size(2) / 2;
+  for (const auto* t : {&cos, &sin}) {
+    TORCH_CHECK(t->scalar_type() == x.scalar_type(), "rope_: cos/sin dtype ", t->scalar_type(),
+                " differs from x's ", x.scalar_type());
+    TORCH_CHECK(t->size(0) == x.size(0) && t->size(-1) == half && t->numel() == x.size(0) * half
+                    && t->stride(-1) == 1,
+                "rope_: cos and sin must hold ", half, " contiguous values per token for ",
+                x.size(0), " tokens, got ", t->sizes());
+  }
+  DISPATCH_DTYPE(x.scalar_type(), "rope_", rope_kernel<T>(x, cos, sin));
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rope_", &rope_, "rotary embedding of [tokens, heads, head_dim] in place (CPU)");
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dim (CPU)");
   m.def("add_rms_norm", &add_rms_norm, "residual + x and its RMSNorm (CPU)");
   m.def("silu_mul", &silu_mul, "SiLU(gate) * up over the halves of the last dim (CPU)");
