@@ -39,6 +39,11 @@ class TorchNativeMetadata:
     padded_key_pos: torch.Tensor | None = None
     padded_valid: torch.Tensor | None = None
     kv_lens: torch.Tensor | None = None  # [queries] keys each decode query reads
+    # the decode kernel's int64 operands, made once per batch rather than once per layer:
+    # the slot table, the lengths and the first key of a full (not windowed) layer (zeros)
+    kernel_slots: torch.Tensor | None = None
+    kernel_lens: torch.Tensor | None = None
+    kernel_first_key: torch.Tensor | None = None
 
 
 class TorchNativeBackend(AttentionBackend):
@@ -64,7 +69,12 @@ class TorchNativeBackend(AttentionBackend):
             slots = fb.req_to_token[rows, :max_len]
             valid = key_pos[None, :] < fb.seq_lens[:, None]
             slots = torch.where(valid, slots, torch.zeros_like(slots))
-            fb.attn_metadata = TorchNativeMetadata([], [], [], slots, key_pos, valid, fb.seq_lens)
+            meta = TorchNativeMetadata([], [], [], slots, key_pos, valid, fb.seq_lens)
+            if self.decode_kernel:
+                meta.kernel_slots = slots.to(torch.int64).contiguous()
+                meta.kernel_lens = fb.seq_lens.to(torch.int64)
+                meta.kernel_first_key = torch.zeros_like(meta.kernel_lens)
+            fb.attn_metadata = meta
             return
         kv_slots: list[torch.Tensor] = []
         masks: list[torch.Tensor | None] = []
@@ -168,17 +178,18 @@ class TorchNativeBackend(AttentionBackend):
         q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch, meta: TorchNativeMetadata
     ) -> torch.Tensor:
         assert meta.padded_slots is not None and meta.kv_lens is not None
-        slots = meta.padded_slots
-        if fb.kv_pool.is_windowed(layer.layer_id):
-            slots = fb.kv_pool.slots_for_layer(layer.layer_id, slots)
-        kv_lens = meta.kv_lens.to(torch.int64)
-        if layer.sliding_window is None:
+        slots, kv_lens, first_key = meta.kernel_slots, meta.kernel_lens, meta.kernel_first_key
+        if slots is None or kv_lens is None or first_key is None:  # a draft's per-branch lists
+            slots = meta.padded_slots.to(torch.int64).contiguous()
+            kv_lens = meta.kv_lens.to(torch.int64)
             first_key = torch.zeros_like(kv_lens)
-        else:
+        if fb.kv_pool.is_windowed(layer.layer_id):
+            slots = fb.kv_pool.slots_for_layer(layer.layer_id, slots).to(torch.int64).contiguous()
+        if layer.sliding_window is not None:
             first_key = (kv_lens - layer.sliding_window).clamp(min=0)
         return paged_decode_kernel.paged_decode(
             q, fb.kv_pool.get_k(layer.layer_id), fb.kv_pool.get_v(layer.layer_id),
-            slots.to(torch.int64).contiguous(), first_key, kv_lens, layer.scaling,
+            slots, first_key, kv_lens, layer.scaling,
         )
 
     @staticmethod
