@@ -8,8 +8,11 @@ draft decode reads the per-branch KV lists of `plugserve.attention.draft_kv` ins
 
 On the CPU, decode runs the compiled kernel `plugserve.kernels.paged_decode` over that slot
 table: it reads each key and value in place instead of gathering a padded copy per layer, and
-computes in float32 whatever the cache's dtype. Where the kernel cannot be built (no compiler,
-`PLUGSERVE_CPU_KERNELS=0`) decode gathers and calls `scaled_dot_product_attention`.
+computes in float32 whatever the cache's dtype. Causal extend (no tree mask; a cached prefix
+and a sliding window are fine) runs `plugserve.kernels.prefill_attention`, a flash-attention
+loop that skips the masked keys, 1.8x (fp32) to 3x (bf16) faster than SDPA's at 1,024
+tokens. Where the kernels cannot be built (no compiler, no AVX-512 for the prefill one,
+`PLUGSERVE_CPU_KERNELS=0`) both use `scaled_dot_product_attention`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
 from plugserve.attention.draft_kv import DraftKVLists
 from plugserve.kernels import paged_decode as paged_decode_kernel
+from plugserve.kernels import prefill_attention as prefill_kernel
 from plugserve.model.layers import upcasts_matmul
 from plugserve.runner.forward_batch import ForwardBatch
 
@@ -55,6 +59,11 @@ class TorchNativeBackend(AttentionBackend):
         super().__init__(ctx)
         # Decided once: the compiled decode kernel on a CPU that can build it.
         self.decode_kernel = ctx.device.type == "cpu" and paged_decode_kernel.available()
+        # Its plain-loop build (no AVX-512) is slower than SDPA: vector builds only.
+        self.prefill_kernel = (
+            ctx.device.type == "cpu" and prefill_kernel.available()
+            and prefill_kernel.isa() != "none"
+        )
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
@@ -122,9 +131,20 @@ class TorchNativeBackend(AttentionBackend):
         v_buf = fb.kv_pool.get_v(layer.layer_id)
         out = torch.empty_like(q)
         dtype = _attention_dtype(q)
+        # Causal (no tree mask): query j of a request sits at its prefix length + j.
+        use_kernel = (
+            self.prefill_kernel and fb.custom_mask is None and layer.head_dim % 16 == 0
+        )
         for i, ext_len in enumerate(fb.extend_seq_lens_cpu):
             start = meta.query_starts[i]
             slots = fb.kv_pool.slots_for_layer(layer.layer_id, meta.kv_slots[i])
+            if use_kernel:
+                out[start : start + ext_len] = prefill_kernel.prefill_attention(
+                    q[start : start + ext_len], k_buf.index_select(0, slots),
+                    v_buf.index_select(0, slots), layer.scaling,
+                    fb.extend_prefix_lens_cpu[i], layer.sliding_window,
+                )
+                continue
             mask = meta.masks[i]
             if layer.sliding_window is not None:
                 if mask is None:
