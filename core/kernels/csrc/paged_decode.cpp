@@ -69,7 +69,11 @@ inline __m512 load16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Keys prefetched this many positions ahead (they lie at scattered pages).
+// Keys (and values) prefetched this many positions ahead: they lie at scattered pages. The
+// score pass asks for keys and values 24 ahead into L2, the value pass for values 16 ahead
+// into L1. Measured at 64 rows x 250 keys x 30 layers, bf16, 2 threads: 21.0 ms with keys
+// 16 ahead into L1 and values into L2, 17.5 ms like this (fp32: 33.7 -> 30.6 ms).
+constexpr int64_t kScorePrefetchKeys = 24;
 constexpr int64_t kPrefetchKeys = 16;
 
 template <typename T, int64_t D>
@@ -78,13 +82,17 @@ void scores_avx512(const float* qf, int64_t group, const T* base, const int64_t*
                    float* row_max, const T* v_base, int64_t v_token_stride) {
   constexpr int C = D / 16;
   for (int64_t j = 0; j < n; ++j) {
-    if (j + kPrefetchKeys < n) {
-      const char* ahead = reinterpret_cast<const char*>(base + row_slots[j + kPrefetchKeys] * token_stride);
-      for (int64_t b = 0; b < D * int64_t(sizeof(T)); b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
-      // The same key's values, into L2 for the value pass: a task's values fit there, and
-      // asking for them now keeps more lines in flight while this pass waits on its keys.
-      const char* v_ahead = reinterpret_cast<const char*>(v_base + row_slots[j + kPrefetchKeys] * v_token_stride);
-      for (int64_t b = 0; b < D * int64_t(sizeof(T)); b += 64) _mm_prefetch(v_ahead + b, _MM_HINT_T1);
+    if (j + kScorePrefetchKeys < n) {
+      // This key and its values, into L2 (the values for the value pass: a task's values
+      // fit there). Asking for both keeps more lines in flight than fetching keys into L1,
+      // which this pass, waiting on scattered keys, is limited by.
+      const int64_t slot = row_slots[j + kScorePrefetchKeys];
+      const char* k_ahead = reinterpret_cast<const char*>(base + slot * token_stride);
+      const char* v_ahead = reinterpret_cast<const char*>(v_base + slot * v_token_stride);
+      for (int64_t b = 0; b < D * int64_t(sizeof(T)); b += 64) {
+        _mm_prefetch(k_ahead + b, _MM_HINT_T1);
+        _mm_prefetch(v_ahead + b, _MM_HINT_T1);
+      }
     }
     const T* kp = base + row_slots[j] * token_stride;
     __m512 kc[C];
