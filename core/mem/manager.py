@@ -136,7 +136,6 @@ class KVManager:
         match = self.cache.match_prefix(req.all_ids[:-1])
         req.req_pool_idx = row
         req.is_retracted = False
-        req.prefix_slots = match.slots
         req.last_node = match.node
         self.cache.inc_lock_ref(match.node)
         if match.length:
@@ -305,7 +304,6 @@ class KVManager:
         self.cache.inc_lock_ref(match.node)
         self.cache.dec_lock_ref(req.last_node)
         req.last_node = match.node
-        req.prefix_slots = match.slots
         req.cache_protected_len = aligned
 
     def retract(self, req: Req) -> None:

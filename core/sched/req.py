@@ -28,7 +28,6 @@ class Req:
 
         # Memory.
         self.req_pool_idx: int | None = None
-        self.prefix_slots: torch.Tensor = torch.empty(0, dtype=torch.int64)
         self.last_node: Any = None  # prefix-cache node locked for this request
         self.kv_committed_len = 0  # positions holding valid KV
         self.kv_allocated_len = 0  # slots reserved in the row (>= committed)
@@ -90,7 +89,6 @@ class Req:
     def reset_for_retract(self) -> None:
         """Back to a waiting request: its KV was released, its tokens are kept."""
         self.req_pool_idx = None
-        self.prefix_slots = torch.empty(0, dtype=torch.int64)
         self.last_node = None
         self.kv_committed_len = 0
         self.kv_allocated_len = 0
