@@ -3,12 +3,13 @@ torch references.
 
 `rms_norm` is RMSNorm over the last dim (the Llama form, or Gemma's (1 + w) one with
 `unit_offset`), `add_rms_norm` adds a sub-layer's output to the residual stream and norms the
-sum, `silu_mul` is SwiGLU's SiLU(gate) * up over the two halves of the gate-up
-projection, and `rope_` rotates q and k heads in place where the qkv projection left them
-(`plugserve.model.rope.apply_rope` is its reference). The references are the torch code the layers ran before the kernels, and remain
-their path wherever `applies` says no; `csrc/fused_elementwise.cpp` computes the same in one
-pass over each row, rounding to the input dtype where the references round (the kernel is
-tested against them, tests/kernels/test_fused_elementwise.py).
+sum, `silu_mul` is SwiGLU's SiLU(gate) * up over the two halves of the gate-up projection,
+and `rope_` rotates the q and k heads in place, where the qkv projection left them (its
+reference is `plugserve.model.rope.apply_rope`). The references are the torch code the
+layers ran before the kernels, and remain their path wherever `applies` says no;
+`csrc/fused_elementwise.cpp` computes the same in one pass over each row, rounding to the
+input dtype where the references round (the kernel is tested against them,
+tests/kernels/test_fused_elementwise.py).
 """
 
 from __future__ import annotations

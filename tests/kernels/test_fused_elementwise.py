@@ -1,4 +1,4 @@
-"""The fused CPU kernels (RMSNorm, residual add + RMSNorm, SiLU * up) against their torch
+"""The fused CPU kernels (RMSNorm, residual add + RMSNorm, SiLU * up, rope) against their torch
 references, and the layers that dispatch to them.
 
 Tolerances: float32 within 1e-6 relative (the kernel sums squares in another order than
