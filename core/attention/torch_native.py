@@ -34,7 +34,8 @@ from plugserve.runner.forward_batch import ForwardBatch
 class TorchNativeMetadata:
     # extend: per request, the KV slots it reads and its query/key boolean mask (True = attend);
     # None for a plain causal prompt without a cached prefix (SDPA's is_causal, which skips
-    # the masked half instead of computing and discarding it)
+    # the masked half instead of computing and discarding it), and for every causal request
+    # where the prefill kernel runs (it takes the prefix length instead)
     kv_slots: list[torch.Tensor]
     masks: list[torch.Tensor | None]
     query_starts: list[int]
@@ -59,11 +60,17 @@ class TorchNativeBackend(AttentionBackend):
         super().__init__(ctx)
         # Decided once: the compiled decode kernel on a CPU that can build it.
         self.decode_kernel = ctx.device.type == "cpu" and paged_decode_kernel.available()
-        # Its plain-loop build (no AVX-512) is slower than SDPA: vector builds only.
+        # Its plain loops (no AVX-512, or a head_dim its vector code does not take) are
+        # correct but slower than SDPA: vector builds and head_dims only.
         self.prefill_kernel = (
-            ctx.device.type == "cpu" and prefill_kernel.available()
+            ctx.device.type == "cpu" and ctx.head_dim % 16 == 0 and prefill_kernel.available()
             and prefill_kernel.isa() != "none"
         )
+
+    def _extend_by_kernel(self, fb: ForwardBatch) -> bool:
+        """True when this extend batch runs the prefill kernel: causal (no tree mask), query j
+        of a request at its prefix length + j. It then needs no mask from the metadata."""
+        return self.prefill_kernel and fb.custom_mask is None
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
@@ -85,6 +92,7 @@ class TorchNativeBackend(AttentionBackend):
                 meta.kernel_first_key = torch.zeros_like(meta.kernel_lens)
             fb.attn_metadata = meta
             return
+        by_kernel = self._extend_by_kernel(fb)
         kv_slots: list[torch.Tensor] = []
         masks: list[torch.Tensor | None] = []
         starts: list[int] = []
@@ -99,7 +107,7 @@ class TorchNativeBackend(AttentionBackend):
                 size = ext_len * seq_len
                 mask = fb.custom_mask[mask_start : mask_start + size].view(ext_len, seq_len)
                 mask_start += size
-            elif prefix_len > 0:
+            elif prefix_len > 0 and not by_kernel:
                 q_pos = torch.arange(prefix_len, prefix_len + ext_len, device=rows.device)
                 k_pos = torch.arange(seq_len, device=rows.device)
                 mask = k_pos[None, :] <= q_pos[:, None]
@@ -131,10 +139,7 @@ class TorchNativeBackend(AttentionBackend):
         v_buf = fb.kv_pool.get_v(layer.layer_id)
         out = torch.empty_like(q)
         dtype = _attention_dtype(q)
-        # Causal (no tree mask): query j of a request sits at its prefix length + j.
-        use_kernel = (
-            self.prefill_kernel and fb.custom_mask is None and layer.head_dim % 16 == 0
-        )
+        use_kernel = self._extend_by_kernel(fb)
         for i, ext_len in enumerate(fb.extend_seq_lens_cpu):
             start = meta.query_starts[i]
             slots = fb.kv_pool.slots_for_layer(layer.layer_id, meta.kv_slots[i])
