@@ -51,9 +51,10 @@ def linear(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x @ weight.T (+ bias), returned in `out_dtype` (default x's dtype). Multiplies in
-    float32 where half precision is slow (see above): for a few rows in float32 with the
-    streaming kernel (`plugserve.kernels.skinny_linear`), otherwise against a weight packed
-    once for the CPU's GEMM library where there is one (`plugserve.kernels.packed_linear`)."""
+    float32 where half precision is slow (see above): for a few rows with the streaming
+    kernel (`plugserve.kernels.skinny_linear`: float32, and bf16 on AVX512-BF16 CPUs),
+    otherwise against a weight packed once for the CPU's GEMM library where there is one
+    (`plugserve.kernels.packed_linear`)."""
     in_dtype = x.dtype
     w = matmul_weight(weight)
     if w is not weight:
