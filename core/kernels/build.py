@@ -56,6 +56,25 @@ def unavailable_reason(name: str) -> str | None:
     return _reasons.get(name)
 
 
+_vectorised: dict[str, ModuleType | None] = {}
+
+
+def load_vectorised(name: str) -> ModuleType | None:
+    """`load(name)` for kernels that only have vector code (their `isa()` says which): None
+    where it did not build or was built without AVX-512 (`isa() == "none"`). Asked once."""
+    if name not in _vectorised:
+        module = load(name)
+        _vectorised[name] = module if module is not None and module.isa() != "none" else None
+    return _vectorised[name]
+
+
+def vectorised_unavailable_reason(name: str) -> str | None:
+    """Why `load_vectorised(name)` is None (None when it is not)."""
+    if load_vectorised(name) is not None:
+        return None
+    return unavailable_reason(name) or "this CPU has no AVX-512"
+
+
 def _build(name: str) -> ModuleType | None:
     from torch.utils import cpp_extension
 

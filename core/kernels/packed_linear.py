@@ -21,6 +21,7 @@ weight. The reference is `F.linear` itself (tests/kernels/test_packed_linear.py)
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,9 +34,10 @@ from plugserve.kernels.build import enabled_by_environment
 HALF = (torch.bfloat16, torch.float16)
 
 
+@functools.cache
 def half_is_native(dtype: torch.dtype) -> bool:
     """True when this CPU multiplies `dtype` (bf16/fp16) natively (AVX512-BF16, AMX,
-    AVX512-FP16), as oneDNN reports it."""
+    AVX512-FP16), as oneDNN reports it (asked once per dtype: every linear asks)."""
     mkldnn = torch.ops.mkldnn
     if dtype == torch.bfloat16:
         return bool(mkldnn._is_mkldnn_bf16_supported())

@@ -2,12 +2,12 @@
 
 A decode step multiplies one row per running request by every weight matrix, so its linears
 are a stream over the weights. The GEMM libraries reach a fraction of the memory bandwidth
-there (MKL's sgemm with 2..16 rows runs at a third of its one-row speed); `csrc/skinny_linear.cpp`
-streams each weight row once per step, on CPUs with AVX-512:
+there, and oneDNN costs ~15 us per call on top (a third of a small layer at one row);
+`csrc/skinny_linear.cpp` streams each weight row once per step, prefetching far enough ahead
+to run at the machine's read bandwidth, on CPUs with AVX-512:
 - float32, up to `MAX_ROWS` rows, with float32 FMAs;
 - bfloat16, up to `MAX_ROWS_BF16` rows, on CPUs with AVX512-BF16: pairs multiplied exactly
-  and summed in float32 (as oneDNN does), the result rounded to bf16. oneDNN streams bf16
-  weights as fast, but costs ~15 us per call, a third of a small layer at one row.
+  and summed in float32 (as oneDNN does), the result rounded to bf16.
 Elsewhere (more rows, other dtypes, no AVX-512, `PLUGSERVE_CPU_KERNELS=0`) the packed
 GEMM-library path is used. The reference is `F.linear` in float64
 (tests/kernels/test_skinny_linear.py).
@@ -21,21 +21,19 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from plugserve.kernels.build import load, unavailable_reason
+from plugserve.kernels.build import load_vectorised, vectorised_unavailable_reason
 
 KERNEL = "skinny_linear"
-# Rows up to which the kernel beats MKL's packed sgemm (measured at the decoder's shapes,
-# 576 x 576 .. 49152 x 576, with 1 and 2 threads: 2-3x at 2..16 rows, 1.5x at 32).
-MAX_ROWS = 32
-# Rows up to which the bf16 kernel is at least as fast as oneDNN's packed matmul (measured at
-# the decoder's shapes with 2 threads: 15% faster at one row, even at two, slower from four).
-MAX_ROWS_BF16 = 2
+# Rows up to which the kernel beats oneDNN's packed matmul, measured over the default model's
+# matrices (576 x 576 .. 49152 x 576) with 2 threads. float32: 0.6x of its time at 1-2 rows,
+# 0.8x at 4, 0.93x at 8, 1.2x from 12. bfloat16: 0.6x at 1-2 rows, 0.8x at 4-8, 0.9x at 10-12,
+# even at 16. (`python benchmarks/skinny_rows.py` measures it again.)
+MAX_ROWS = 8
+MAX_ROWS_BF16 = 8
 
-@functools.cache
+
 def _kernel() -> ModuleType | None:
-    """The built module where it has AVX-512 code (asked once: `isa()` is a Python call)."""
-    module = load(KERNEL)
-    return module if module is not None and module.isa() != "none" else None
+    return load_vectorised(KERNEL)
 
 
 def available() -> bool:
@@ -44,9 +42,7 @@ def available() -> bool:
 
 
 def why_unavailable() -> str | None:
-    if _kernel() is not None:
-        return None
-    return unavailable_reason(KERNEL) or "this CPU has no AVX-512"
+    return vectorised_unavailable_reason(KERNEL)
 
 
 @functools.cache
@@ -58,7 +54,7 @@ def takes_bf16() -> bool:
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True when `skinny_linear(x, weight, ...)` is the faster way here."""
-    if x.dim() != 2 or x.device.type != "cpu" or weight.device.type != "cpu":
+    if x.ndim != 2 or not x.is_cpu or not weight.is_cpu:
         return False
     rows, dtype = x.shape[0], x.dtype
     if dtype != weight.dtype or rows == 0:

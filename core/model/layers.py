@@ -26,11 +26,7 @@ Device = torch.device | str
 
 def upcasts_matmul(weight: torch.Tensor) -> bool:
     """True when matmuls against `weight` are faster in float32 on this machine."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype in HALF
-        and not half_is_native(weight.dtype)
-    )
+    return weight.dtype in HALF and weight.is_cpu and not half_is_native(weight.dtype)
 
 
 _fp32_copies: dict[int, Derived] = {}
@@ -69,7 +65,8 @@ def linear(
     else:
         pack = None if needs_grad else packed(w)
         out = pack(x, bias) if pack is not None else F.linear(x, w, bias)
-    return out.to(out_dtype or in_dtype)
+    wanted = out_dtype or in_dtype
+    return out if out.dtype == wanted else out.to(wanted)
 
 
 class Linear(nn.Module):

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from plugserve.attention.base import AttentionBackend, AttentionLayer
+from plugserve.kernels import decode_layer
 from plugserve.kernels import fused_elementwise as fused
 from plugserve.model.arch import ModelArchConfig
 from plugserve.model.layers import (
@@ -33,6 +34,7 @@ from plugserve.model.layers import (
     Linear,
     RMSNorm,
     linear,
+    upcasts_matmul,
 )
 from plugserve.model.rope import RotaryEmbedding, apply_rope
 from plugserve.runner.forward_batch import ForwardBatch
@@ -83,11 +85,7 @@ class Attention(nn.Module):
         forward_batch: ForwardBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
-        qk_width = self.q_size + self.kv_size
-        # q and k sit side by side in qkv: rotate them together as H + KVH heads.
-        qk = qkv[:, :qk_width].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+        qk, v = self.split_qkv(self.qkv_proj(hidden))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
@@ -95,10 +93,23 @@ class Attention(nn.Module):
             fused.rope_(qk, cos, sin)
         else:
             qk = apply_rope(qk, cos, sin)
+        return self.o_proj(self.attend(qk, v, forward_batch, backend))
+
+    def split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of a qkv projection output: qk [tokens, H + KVH, head_dim] (q and k side by
+        side, so that they are rotated together) and v [tokens, KVH, head_dim]."""
+        num_tokens, qk_width = qkv.shape[0], self.q_size + self.kv_size
+        qk = qkv[:, :qk_width].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+        return qk, qkv[:, qk_width:].view(num_tokens, self.num_kv_heads, self.head_dim)
+
+    def attend(
+        self, qk: torch.Tensor, v: torch.Tensor, forward_batch: ForwardBatch,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """The backend's attention for rotated q and k: [tokens, q_size], before o_proj."""
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, qk_width:].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = backend.forward(q, k, v, self.layer, forward_batch)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        return out.reshape(qk.shape[0], self.q_size)
 
 
 class DecoderLayer(nn.Module):
@@ -123,6 +134,12 @@ class DecoderLayer(nn.Module):
             arch.hidden_size, arch.intermediate_size, bias=arch.mlp_bias, dtype=dtype,
             device=device, activation=arch.hidden_act,
         )
+        # The Llama form of the layer, which `plugserve.kernels.decode_layer` runs in two
+        # calls for the few rows of a decode step.
+        self.has_llama_form = (
+            not arch.sandwich_norms and not arch.qk_norm and not arch.norm_unit_offset
+            and arch.hidden_act == "silu"
+        )
 
     def forward(
         self,
@@ -132,6 +149,12 @@ class DecoderLayer(nn.Module):
         forward_batch: ForwardBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:
+        qkv_weight = self.self_attn.qkv_proj.weight
+        if (
+            self.has_llama_form and decode_layer.applies(hidden, qkv_weight, cos)
+            and not upcasts_matmul(qkv_weight)
+        ):
+            return self._forward_few_rows(hidden, cos, sin, forward_batch, backend)
         attn = self.self_attn(self.input_layernorm(hidden), cos, sin, forward_batch, backend)
         pre_mlp, post_mlp = self.pre_feedforward_layernorm, self.post_feedforward_layernorm
         # The residual add and the norm after it are one fused step (`RMSNorm.add_and_norm`).
@@ -140,6 +163,30 @@ class DecoderLayer(nn.Module):
             return hidden + self.mlp(mlp_in)
         mlp_in, hidden = pre_mlp.add_and_norm(self.post_attention_layernorm(attn), hidden)
         return hidden + post_mlp(self.mlp(mlp_in))
+
+
+    def _forward_few_rows(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        forward_batch: ForwardBatch,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """`forward` of a Llama-form layer in two compiled calls around the attention: the
+        same kernels in the same order, without a dozen Python steps between them."""
+        attn, mlp = self.self_attn, self.mlp
+        input_norm, post_norm = self.input_layernorm, self.post_attention_layernorm
+        qkv = decode_layer.attention_input(
+            hidden, input_norm.weight, input_norm.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
+            cos, sin, attn.num_heads + attn.num_kv_heads, attn.head_dim,
+        )
+        out = attn.attend(*attn.split_qkv(qkv), forward_batch, backend)
+        return decode_layer.attention_output_and_mlp(
+            out, attn.o_proj.weight, attn.o_proj.bias, hidden, post_norm.weight, post_norm.eps,
+            mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, mlp.down_proj.weight,
+            mlp.down_proj.bias,
+        )
 
 
 def _norm(arch: ModelArchConfig, size: int, dtype: torch.dtype, device: Device) -> RMSNorm:

@@ -80,7 +80,7 @@ def test_linear_uses_it_only_where_it_applies() -> None:
     x, w, _ = _case(4, 64, 40, False, seed=4)
     assert sk.applies(x, w)
     assert not sk.applies(torch.randn(sk.MAX_ROWS + 1, 64), w)
-    assert not sk.applies(x.bfloat16(), w.bfloat16())
+    assert not sk.applies(torch.randn(sk.MAX_ROWS_BF16 + 1, 64).bfloat16(), w.bfloat16())
     assert not sk.applies(x[0], w)  # 1-d
     assert not sk.applies(torch.empty(0, 64), w)
     torch.testing.assert_close(linear(x, w, None), sk.reference(x, w, None), atol=1e-4, rtol=1e-5)

@@ -1,0 +1,191 @@
+"""The compiled decoder-layer halves against the op-by-op path (bit for bit) and against
+torch in float64, and a model's decode steps with and without them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from plugserve.kernels import decode_layer as dl
+from plugserve.kernels import skinny_linear as sk
+from plugserve.kernels.fused_elementwise import rms_norm_reference
+from plugserve.model import load_model
+from plugserve.model.rope import apply_rope
+from tests.model.conftest import PagedRunner, random_prompts, tiny_hf_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel() -> None:
+    if not dl.available():
+        pytest.skip(f"decode_layer kernel unavailable: {dl.why_unavailable()}")
+
+
+def _dtypes() -> list[torch.dtype]:
+    return [torch.float32, torch.bfloat16] if sk.takes_bf16() else [torch.float32]
+
+
+# (hidden, heads, kv heads, head_dim, intermediate): a tiny shape with partial vectors and the
+# default model's.
+SHAPES = [(40, 4, 2, 10, 56), (576, 9, 3, 64, 1536)]
+EPS = 1e-5
+
+
+def _randn(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen) * scale
+
+
+def _layer(shape: tuple[int, ...], bias: bool, dtype: torch.dtype, seed: int) -> dict[str, Any]:
+    hidden, heads, kv_heads, head_dim, inter = shape
+    gen = torch.Generator().manual_seed(seed)
+    qkv_out = (heads + 2 * kv_heads) * head_dim
+    w = hidden**-0.5
+    params: dict[str, Any] = {
+        "input_norm": 1 + _randn(gen, hidden, scale=0.1),
+        "qkv_w": _randn(gen, qkv_out, hidden, scale=w),
+        "qkv_b": _randn(gen, qkv_out, scale=0.1) if bias else None,
+        "o_w": _randn(gen, hidden, heads * head_dim, scale=(heads * head_dim) ** -0.5),
+        "o_b": _randn(gen, hidden, scale=0.1) if bias else None,
+        "post_norm": 1 + _randn(gen, hidden, scale=0.1),
+        "gate_up_w": _randn(gen, 2 * inter, hidden, scale=w),
+        "gate_up_b": _randn(gen, 2 * inter, scale=0.1) if bias else None,
+        "down_w": _randn(gen, hidden, inter, scale=inter**-0.5),
+        "down_b": _randn(gen, hidden, scale=0.1) if bias else None,
+    }
+    return {k: None if v is None else v.to(dtype) for k, v in params.items()}
+
+
+def _rows(shape: tuple[int, ...], rows: int, dtype: torch.dtype, seed: int) -> dict[str, Any]:
+    hidden, heads, _, head_dim, _ = shape
+    gen = torch.Generator().manual_seed(seed + 1)
+    angles = torch.rand(rows, head_dim // 2, generator=gen) * 50
+    return {
+        "hidden": _randn(gen, rows, hidden).to(dtype),
+        "attn": _randn(gen, rows, heads * head_dim).to(dtype),
+        "cos": angles.cos().to(dtype),
+        "sin": angles.sin().to(dtype),
+    }
+
+
+def _input_args(shape: tuple[int, ...], p: dict[str, Any], r: dict[str, Any]) -> tuple[Any, ...]:
+    _, heads, kv_heads, head_dim, _ = shape
+    return (r["hidden"], p["input_norm"], EPS, p["qkv_w"], p["qkv_b"], r["cos"], r["sin"],
+            heads + kv_heads, head_dim)
+
+
+def _output_args(p: dict[str, Any], r: dict[str, Any]) -> tuple[Any, ...]:
+    return (r["attn"], p["o_w"], p["o_b"], r["hidden"], p["post_norm"], EPS, p["gate_up_w"],
+            p["gate_up_b"], p["down_w"], p["down_b"])
+
+
+@pytest.mark.parametrize("dtype", _dtypes())
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+@pytest.mark.parametrize("bias", [False, True])
+def test_same_bits_as_the_op_by_op_path(
+    dtype: torch.dtype, shape: tuple[int, ...], rows: int, bias: bool
+) -> None:
+    p, r = _layer(shape, bias, dtype, seed=rows), _rows(shape, rows, dtype, seed=rows)
+    qkv = dl.attention_input(*_input_args(shape, p, r))
+    assert qkv.dtype == dtype and qkv.shape == (rows, p["qkv_w"].shape[0])
+    assert torch.equal(qkv, dl.attention_input_reference(*_input_args(shape, p, r)))
+    out = dl.attention_output_and_mlp(*_output_args(p, r))
+    assert out.dtype == dtype and out.shape == r["hidden"].shape
+    assert torch.equal(out, dl.attention_output_and_mlp_reference(*_output_args(p, r)))
+
+
+def _torch_input(shape: tuple[int, ...], p: dict[str, Any], r: dict[str, Any]) -> torch.Tensor:
+    """attention_input in plain torch: the norm reference, float64 linear, HF's rope."""
+    _, heads, kv_heads, head_dim, _ = shape
+    normed = rms_norm_reference(r["hidden"], p["input_norm"], EPS)
+    b = None if p["qkv_b"] is None else p["qkv_b"].double()
+    qkv = F.linear(normed.double(), p["qkv_w"].double(), b).float()
+    width = (heads + kv_heads) * head_dim
+    cos, sin = r["cos"][:, None], r["sin"][:, None]  # [rows, 1, half]: over every head
+    qk = apply_rope(qkv[:, :width].view(-1, heads + kv_heads, head_dim), cos, sin)
+    return torch.cat([qk.reshape(-1, width), qkv[:, width:]], dim=1)
+
+
+def _torch_output(p: dict[str, Any], r: dict[str, Any]) -> torch.Tensor:
+    def lin(x: torch.Tensor, w: str, b: str) -> torch.Tensor:
+        bias = None if p[b] is None else p[b].double()
+        return F.linear(x.double(), p[w].double(), bias)
+
+    h = r["hidden"].double() + lin(r["attn"], "o_w", "o_b")
+    x = rms_norm_reference(h.float(), p["post_norm"], EPS)
+    gate, up = lin(x, "gate_up_w", "gate_up_b").chunk(2, dim=-1)
+    return (h + lin(F.silu(gate) * up, "down_w", "down_b")).float()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_float32_matches_torch_in_float64(shape: tuple[int, ...], bias: bool) -> None:
+    p, r = _layer(shape, bias, torch.float32, seed=7), _rows(shape, 3, torch.float32, seed=7)
+    qkv = dl.attention_input(*_input_args(shape, p, r))
+    torch.testing.assert_close(qkv, _torch_input(shape, p, r), rtol=1e-5, atol=1e-5)
+    out = dl.attention_output_and_mlp(*_output_args(p, r))
+    torch.testing.assert_close(out, _torch_output(p, r), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input_is_refused_with_the_shapes() -> None:
+    shape = SHAPES[0]
+    p, r = _layer(shape, False, torch.float32, 1), _rows(shape, 2, torch.float32, 1)
+    args = list(_input_args(shape, p, r))
+    args[3] = p["qkv_w"][:, :-1]  # one input column short
+    with pytest.raises(RuntimeError, match="the weight must be \\[outputs, 40\\]"):
+        dl.attention_input(*args)
+    args = list(_input_args(shape, p, r))
+    args[5] = r["cos"][:1]  # angles for one row of two
+    with pytest.raises(RuntimeError, match="cos and sin must hold 5 contiguous"):
+        dl.attention_input(*args)
+    args = list(_input_args(shape, p, r))
+    args[7] = 100  # more rotated heads than the projection has
+    with pytest.raises(RuntimeError, match="do not fit"):
+        dl.attention_input(*args)
+    out_args = list(_output_args(p, r))
+    out_args[3] = r["hidden"][:1]  # a residual of one row for two
+    with pytest.raises(RuntimeError, match="the residual must be"):
+        dl.attention_output_and_mlp(*out_args)
+    out_args = list(_output_args(p, r))
+    out_args[6] = p["gate_up_w"][1:]  # an odd number of gate | up outputs
+    with pytest.raises(RuntimeError, match="even number"):
+        dl.attention_output_and_mlp(*out_args)
+
+
+@pytest.mark.parametrize("dtype", _dtypes())
+@pytest.mark.parametrize("kind", ["llama", "llama3_rope_bias"])
+def test_model_decode_steps_equal_without_the_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, kind: str
+) -> None:
+    """A tiny model's prefill and decode logits, with the layers' two-call path and without
+    it, are the same bits; and the two-call path is the one taken."""
+    tiny_hf_model(kind, tmp_path)
+    model = load_model(str(tmp_path), dtype=dtype, device="cpu").model
+    prompts = random_prompts([3, 2] if dtype == torch.float32 else [4], seed=5)
+    calls = 0
+    real_applies = dl.applies
+
+    def counting(*args: Any) -> bool:
+        nonlocal calls
+        taken = real_applies(*args)
+        calls += taken
+        return taken
+
+    def run(applies: Any) -> list[torch.Tensor]:
+        monkeypatch.setattr(dl, "applies", applies)
+        runner = PagedRunner(model, len(prompts), page_size=4)
+        out = runner.prefill(prompts, last_only=True)
+        logits = [out.logits]
+        for _ in range(3):
+            out = runner.decode(out.logits.argmax(-1).tolist())
+            logits.append(out.logits)
+        return logits
+
+    with_kernel = run(counting)
+    assert calls >= 3 * model.arch.num_hidden_layers  # every decode step took it
+    without = run(lambda *args: False)
+    for ours, ref in zip(with_kernel, without, strict=True):
+        assert torch.equal(ours, ref)
