@@ -5,8 +5,10 @@ head; an untied one only one row) and the KV cache of its context, so on a machi
 B bytes/s it cannot take less than bytes / B. This script measures
 
 - B: the read bandwidth of this machine, `sum()` of a large float32 tensor (best of several),
-  and for reference a `copy_` (read + write) and one GEMV shaped like the LM head in each dtype
-  (what the matmul kernel itself reaches);
+  measured just before and just after each dtype's decode runs; the higher of the two is used
+  (this machine's bandwidth moves with its neighbours' load, and the higher reading gives
+  the stricter bound). For reference, a `copy_` (read + write) and one GEMV shaped like the
+  LM head through the engine's own linear (`plugserve.model.layers.linear`) in each dtype;
 - plugserve's batch-1 decode step on the default model (or --model), fp32 and bf16: one
   request of --prompt-len random tokens and --new-tokens output tokens, greedy, EOS ignored;
   the step time is TPOT, (latency - TTFT) / (new tokens - 1), best of --repeats; the forward
@@ -31,7 +33,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 GB = 1e9
 
@@ -61,10 +62,14 @@ def measure_bandwidth(mib: int, repeats: int) -> dict[str, float]:
 
 
 def measure_gemv(rows: int, cols: int, dtype: torch.dtype, repeats: int) -> float:
-    """GB/s of one x[1, cols] @ W[rows, cols].T, the weight's bytes over the time."""
+    """GB/s of one x[1, cols] @ W[rows, cols].T through the engine's linear, the weight's
+    bytes over the time."""
+    from plugserve.model.layers import linear
+
     weight = torch.randn(rows, cols).to(dtype)
     x = torch.randn(1, cols).to(dtype)
-    seconds = best_seconds(lambda: F.linear(x, weight), max(repeats, 20))
+    with torch.inference_mode():
+        seconds = best_seconds(lambda: linear(x, weight, None), max(repeats, 20))
     return weight.numel() * weight.element_size() / seconds / GB
 
 
@@ -132,12 +137,12 @@ def main() -> None:
     from plugserve.engine import Engine
 
     threads = torch.get_num_threads()
-    bandwidth = measure_bandwidth(args.bandwidth_mib, max(args.repeats, 5))
-    read_bw = bandwidth["read_gb_s"] * GB
+    bandwidth_repeats = max(args.repeats, 5)
     rng = random.Random(0)
-    out: dict[str, Any] = {"threads": threads, "bandwidth": bandwidth, "runs": []}
+    out: dict[str, Any] = {"threads": threads, "runs": []}
     for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
         with Engine(model=args.model, dtype=dtype) as engine:
+            before = measure_bandwidth(args.bandwidth_mib, bandwidth_repeats)
             vocab = int(engine.arch.vocab_size)
             prompt = [rng.randrange(vocab) for _ in range(args.prompt_len)]
             weights, upcast = weight_bytes(engine.model)
@@ -145,11 +150,15 @@ def main() -> None:
             mean_context = args.prompt_len + (args.new_tokens - 1) / 2
             step_bytes = weights + kv_token * mean_context
             step = decode_step(engine, prompt, args.new_tokens, args.repeats)
+            after = measure_bandwidth(args.bandwidth_mib, bandwidth_repeats)
+            bandwidth = max(before, after, key=lambda b: b["read_gb_s"])
             hidden = int(engine.arch.hidden_size)
             gemv = measure_gemv(vocab, hidden, engine.dtype, args.repeats)
-        bound = step_bytes / read_bw
+        bound = step_bytes / (bandwidth["read_gb_s"] * GB)
         out["runs"].append({
             "dtype": dtype,
+            "bandwidth": bandwidth,
+            "read_gb_s_before_after": [before["read_gb_s"], after["read_gb_s"]],
             "matmul_upcast_to_fp32": upcast,
             "weight_bytes": weights,
             "kv_bytes_per_token": kv_token,
@@ -166,12 +175,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(out, indent=2))
         return
-    print(f"threads {threads}; read bandwidth {bandwidth['read_gb_s']:.1f} GB/s (sum of "
-          f"{bandwidth['buffer_bytes'] / 2**20:.0f} MiB fp32), copy {bandwidth['copy_gb_s']:.1f}"
-          " GB/s (read + write)")
+    print(f"threads {threads}; read bandwidth: sum of {args.bandwidth_mib} MiB fp32, before and "
+          "after each dtype's runs, the higher used")
     for r in out["runs"]:
+        bw = r["bandwidth"]
+        first, second = r["read_gb_s_before_after"]
         print(
-            f"{r['dtype']}: {r['bytes_per_step'] / 1e6:.1f} MB/step (weights "
+            f"{r['dtype']}: read bandwidth {bw['read_gb_s']:.1f} GB/s ({first:.1f} before, "
+            f"{second:.1f} after; copy {bw['copy_gb_s']:.1f} GB/s read + write); "
+            f"{r['bytes_per_step'] / 1e6:.1f} MB/step (weights "
             f"{r['weight_bytes'] / 1e6:.1f} MB{' as fp32 copies' if r['matmul_upcast_to_fp32'] else ''}"
             f", KV {r['kv_bytes_per_token'] * r['mean_context'] / 1e6:.1f} MB at mean context "
             f"{r['mean_context']:.0f}); bound {r['bound_s'] * 1e3:.2f} ms = "

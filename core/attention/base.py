@@ -32,6 +32,22 @@ class AttentionLayer:
 
 
 @dataclass(frozen=True)
+class PagedDecodePlan:
+    """One layer's decode attention as plain operands of the CPU paged-decode kernel
+    (`plugserve.kernels.paged_decode`): the new k/v rows go to rows `store_slots` of
+    `k_buffer` / `v_buffer` ([slots, kv_heads, head_dim]), then query row i attends to the keys
+    at `slots[i, first_key[i]:kv_lens[i]]` (int64) with softmax scale `scale`."""
+
+    k_buffer: torch.Tensor
+    v_buffer: torch.Tensor
+    store_slots: torch.Tensor
+    slots: torch.Tensor
+    first_key: torch.Tensor
+    kv_lens: torch.Tensor
+    scale: float
+
+
+@dataclass(frozen=True)
 class BackendCapabilities:
     """What a backend supports, as data: checked by `registry.validate_config`.
 
@@ -98,6 +114,15 @@ class AttentionBackend(ABC):
         self, q: torch.Tensor, layer: AttentionLayer, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         """q: [num_tokens, num_heads, head_dim] (one per request) -> same shape."""
+
+    def paged_decode_plan(
+        self, layer: AttentionLayer, forward_batch: ForwardBatch
+    ) -> PagedDecodePlan | None:
+        """This decode batch's attention for `layer` as the CPU paged-decode kernel's operands,
+        where the backend's `forward` would store k/v and run exactly that kernel: a model
+        may then run the whole layer in compiled code (`plugserve.kernels.decode_layer`)
+        instead of calling `forward`. None (the default) where it would do anything else."""
+        return None
 
     def forward(
         self,

@@ -22,7 +22,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
+from plugserve.attention.base import (
+    AttentionBackend,
+    AttentionContext,
+    AttentionLayer,
+    PagedDecodePlan,
+)
 from plugserve.attention.draft_kv import DraftKVLists
 from plugserve.kernels import paged_decode as paged_decode_kernel
 from plugserve.kernels import prefill_attention as prefill_kernel
@@ -198,10 +203,24 @@ class TorchNativeBackend(AttentionBackend):
         )
         return out.squeeze(2).to(q.dtype)
 
+    def paged_decode_plan(
+        self, layer: AttentionLayer, forward_batch: ForwardBatch
+    ) -> PagedDecodePlan | None:
+        fb = forward_batch
+        if not self.decode_kernel or not fb.mode.is_decode():
+            return None
+        meta: TorchNativeMetadata = fb.attn_metadata
+        if meta.kernel_slots is None:  # a draft's per-branch lists: `forward` builds them
+            return None
+        # `set_kv` writes where `slots_for_layer` maps the new tokens' slots (its contract).
+        store_slots = fb.kv_pool.slots_for_layer(layer.layer_id, fb.out_cache_loc)
+        return self._kernel_plan(layer, fb, meta, store_slots.to(torch.int64))
+
     @staticmethod
-    def _decode_in_place(
-        q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch, meta: TorchNativeMetadata
-    ) -> torch.Tensor:
+    def _kernel_plan(
+        layer: AttentionLayer, fb: ForwardBatch, meta: TorchNativeMetadata,
+        store_slots: torch.Tensor,
+    ) -> PagedDecodePlan:
         assert meta.padded_slots is not None and meta.kv_lens is not None
         slots, kv_lens, first_key = meta.kernel_slots, meta.kernel_lens, meta.kernel_first_key
         if slots is None or kv_lens is None or first_key is None:  # a draft's per-branch lists
@@ -212,9 +231,17 @@ class TorchNativeBackend(AttentionBackend):
             slots = fb.kv_pool.slots_for_layer(layer.layer_id, slots).to(torch.int64).contiguous()
         if layer.sliding_window is not None:
             first_key = (kv_lens - layer.sliding_window).clamp(min=0)
-        return paged_decode_kernel.paged_decode(
-            q, fb.kv_pool.get_k(layer.layer_id), fb.kv_pool.get_v(layer.layer_id),
+        return PagedDecodePlan(
+            fb.kv_pool.get_k(layer.layer_id), fb.kv_pool.get_v(layer.layer_id), store_slots,
             slots, first_key, kv_lens, layer.scaling,
+        )
+
+    def _decode_in_place(
+        self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch, meta: TorchNativeMetadata
+    ) -> torch.Tensor:
+        plan = self._kernel_plan(layer, fb, meta, fb.out_cache_loc)  # k/v already stored
+        return paged_decode_kernel.paged_decode(
+            q, plan.k_buffer, plan.v_buffer, plan.slots, plan.first_key, plan.kv_lens, plan.scale
         )
 
     @staticmethod

@@ -173,10 +173,21 @@ class DecoderLayer(nn.Module):
         forward_batch: ForwardBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        """`forward` of a Llama-form layer in two compiled calls around the attention: the
-        same kernels in the same order, without a dozen Python steps between them."""
+        """`forward` of a Llama-form layer in compiled code: one call where the backend's
+        decode attention is the paged-decode kernel (its plan), else two around the
+        backend's `forward`. The same kernels in the same order, without a dozen Python steps
+        between them."""
         attn, mlp = self.self_attn, self.mlp
         input_norm, post_norm = self.input_layernorm, self.post_attention_layernorm
+        plan = backend.paged_decode_plan(attn.layer, forward_batch)
+        if plan is not None and plan.k_buffer.dtype == hidden.dtype:
+            return decode_layer.decode_step(
+                hidden, input_norm.weight, input_norm.eps, attn.qkv_proj.weight,
+                attn.qkv_proj.bias, cos, sin, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                plan, attn.o_proj.weight, attn.o_proj.bias, post_norm.weight, post_norm.eps,
+                mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, mlp.down_proj.weight,
+                mlp.down_proj.bias,
+            )
         qkv = decode_layer.attention_input(
             hidden, input_norm.weight, input_norm.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
             cos, sin, attn.num_heads + attn.num_kv_heads, attn.head_dim,

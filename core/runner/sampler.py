@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from plugserve.kernels import row_argmax
 from plugserve.sampling import SamplingParams
 
 # The token id reported for a row that failed (a valid id, so a consumer that reads it before
@@ -43,10 +44,12 @@ def sample(
     # Unusable logits (the model overflowed): NaN or +inf anywhere, or no finite value at all.
     # -inf alone is fine (a masked token). One pass finds both: a row's max is NaN when the row
     # holds a NaN (max propagates it), +inf with a +inf, -inf when nothing is finite.
-    row_max, greedy_ids = torch.max(logits, dim=-1)
-    bad_rows = ~torch.isfinite(row_max)
-    if bool(bad_rows.any()):
-        for i in torch.nonzero(bad_rows).flatten().tolist():
+    if row_argmax.applies(logits):  # torch.max's result, without its one-value-at-a-time loop
+        row_max, greedy_ids = row_argmax.row_argmax(logits)
+    else:
+        row_max, greedy_ids = torch.max(logits, dim=-1)
+    for i, value in enumerate(row_max.tolist()):
+        if not math.isfinite(value):
             errors[i] = _bad_logits_message(logits[i])
     if all(p.greedy for p in params):
         ids = greedy_ids

@@ -3,6 +3,7 @@ torch in float64, and a model's decode steps with and without them."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from plugserve.attention.base import PagedDecodePlan
 from plugserve.kernels import decode_layer as dl
 from plugserve.kernels import skinny_linear as sk
 from plugserve.kernels.fused_elementwise import rms_norm_reference
@@ -97,6 +99,68 @@ def test_same_bits_as_the_op_by_op_path(
     assert torch.equal(out, dl.attention_output_and_mlp_reference(*_output_args(p, r)))
 
 
+def _plan(shape: tuple[int, ...], rows: int, dtype: torch.dtype, window: bool) -> PagedDecodePlan:
+    """A cache of 64 slots holding random KV; row i reads 5 + 3 i scattered slots, the last
+    of them its new token's (`store_slots[i]`)."""
+    _, _, kv_heads, head_dim, _ = shape
+    gen = torch.Generator().manual_seed(rows)
+    k_buffer = torch.randn(64, kv_heads, head_dim, generator=gen).to(dtype)
+    v_buffer = torch.randn(64, kv_heads, head_dim, generator=gen).to(dtype)
+    lens = torch.tensor([5 + 3 * i for i in range(rows)], dtype=torch.int64)
+    slots = torch.zeros(rows, int(lens.max()), dtype=torch.int64)
+    order = torch.randperm(64, generator=gen)
+    start = 0
+    for i, n in enumerate(lens.tolist()):  # rows do not share slots (55 of 64 at 5 rows)
+        slots[i, :n] = order[start : start + n]
+        start += n
+    store_slots = slots[torch.arange(rows), lens - 1].clone()
+    first_key = (lens - 4).clamp(min=0) if window else torch.zeros_like(lens)
+    return PagedDecodePlan(k_buffer, v_buffer, store_slots, slots, first_key, lens, 0.3)
+
+
+def _copy(plan: PagedDecodePlan) -> PagedDecodePlan:
+    return dataclasses.replace(plan, k_buffer=plan.k_buffer.clone(), v_buffer=plan.v_buffer.clone())
+
+
+@pytest.mark.parametrize("dtype", _dtypes())
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("window", [False, True])
+def test_decode_step_same_bits_as_the_backend_path(
+    dtype: torch.dtype, shape: tuple[int, ...], rows: int, window: bool
+) -> None:
+    _, heads, kv_heads, head_dim, _ = shape
+    p, r = _layer(shape, True, dtype, seed=rows), _rows(shape, rows, dtype, seed=rows)
+    plan = _plan(shape, rows, dtype, window)
+    ref_plan = _copy(plan)
+
+    def args(plan: PagedDecodePlan) -> tuple[Any, ...]:
+        return (r["hidden"], p["input_norm"], EPS, p["qkv_w"], p["qkv_b"], r["cos"], r["sin"],
+                heads, kv_heads, head_dim, plan, p["o_w"], p["o_b"], p["post_norm"], EPS,
+                p["gate_up_w"], p["gate_up_b"], p["down_w"], p["down_b"])
+
+    before = plan.k_buffer.clone()
+    out = dl.decode_step(*args(plan))
+    ref = dl.decode_step_reference(*args(ref_plan))
+    assert out.dtype == dtype and torch.equal(out, ref)
+    # the new k and v went to the store slots and nowhere else
+    assert torch.equal(plan.k_buffer, ref_plan.k_buffer)
+    assert torch.equal(plan.v_buffer, ref_plan.v_buffer)
+    changed = (plan.k_buffer != before).flatten(1).any(1).nonzero().flatten()
+    assert set(changed.tolist()) <= set(plan.store_slots.tolist())
+
+
+def test_decode_step_refuses_a_cache_of_another_dtype() -> None:
+    shape = SHAPES[0]
+    _, heads, kv_heads, head_dim, _ = shape
+    p, r = _layer(shape, False, torch.float32, 1), _rows(shape, 1, torch.float32, 1)
+    plan = _plan(shape, 1, torch.float64, False)
+    with pytest.raises(RuntimeError, match="the KV cache holds Double"):
+        dl.decode_step(r["hidden"], p["input_norm"], EPS, p["qkv_w"], None, r["cos"], r["sin"],
+                       heads, kv_heads, head_dim, plan, p["o_w"], None, p["post_norm"], EPS,
+                       p["gate_up_w"], None, p["down_w"], None)
+
+
 def _torch_input(shape: tuple[int, ...], p: dict[str, Any], r: dict[str, Any]) -> torch.Tensor:
     """attention_input in plain torch: the norm reference, float64 linear, HF's rope."""
     _, heads, kv_heads, head_dim, _ = shape
@@ -160,19 +224,20 @@ def test_bad_input_is_refused_with_the_shapes() -> None:
 def test_model_decode_steps_equal_without_the_kernel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, kind: str
 ) -> None:
-    """A tiny model's prefill and decode logits, with the layers' two-call path and without
-    it, are the same bits; and the two-call path is the one taken."""
+    """A tiny model's prefill and decode logits, with the layers' compiled path and without
+    it, are the same bits; and the one-call path is the one its decode steps take."""
     tiny_hf_model(kind, tmp_path)
     model = load_model(str(tmp_path), dtype=dtype, device="cpu").model
     prompts = random_prompts([3, 2] if dtype == torch.float32 else [4], seed=5)
     calls = 0
-    real_applies = dl.applies
+    real_step = dl.decode_step
 
-    def counting(*args: Any) -> bool:
+    def counting(*args: Any) -> torch.Tensor:
         nonlocal calls
-        taken = real_applies(*args)
-        calls += taken
-        return taken
+        calls += 1
+        return real_step(*args)
+
+    monkeypatch.setattr(dl, "decode_step", counting)
 
     def run(applies: Any) -> list[torch.Tensor]:
         monkeypatch.setattr(dl, "applies", applies)
@@ -184,8 +249,8 @@ def test_model_decode_steps_equal_without_the_kernel(
             logits.append(out.logits)
         return logits
 
-    with_kernel = run(counting)
-    assert calls >= 3 * model.arch.num_hidden_layers  # every decode step took it
+    with_kernel = run(dl.applies)
+    assert calls == 3 * model.arch.num_hidden_layers  # every layer of every decode step
     without = run(lambda *args: False)
     for ours, ref in zip(with_kernel, without, strict=True):
         assert torch.equal(ours, ref)

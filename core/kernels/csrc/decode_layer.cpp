@@ -1,5 +1,5 @@
-// A Llama decoder layer around its attention, for the few rows of a decode step, in two calls
-// instead of a dozen, on the CPU.
+// A Llama decoder layer for the few rows of a decode step, in one or two calls instead of a
+// dozen, on the CPU.
 //
 // At batch 1 a layer's work is a few microseconds per step above its weight stream, but run
 // op by op from Python it costs ~70 us of interpreter and dispatch time (2 ms of a 12 ms bf16
@@ -7,14 +7,17 @@
 //   attention_input            qkv = rms_norm(hidden) @ qkv_w.T (+ b), q and k rotated in place
 //   attention_output_and_mlp   h = residual + attn @ o_w.T (+ b); x = rms_norm(h);
 //                              returns h + down(silu(gate(x)) * up(x)) (+ biases)
-// with the streaming linear of skinny_linear.h and the elementwise kernels of elementwise.h,
-// so the results are those of the op-by-op path bit for bit (the Python side's references;
+//   decode_step                both, with the KV store and the paged-decode attention between
+//                              (for a backend whose decode is that kernel)
+// with the streaming linear of skinny_linear.h, the elementwise kernels of elementwise.h and
+// the attention of paged_decode.h, so the results are those of the op-by-op path bit for bit (the Python side's references;
 // tests/kernels/test_decode_layer.py).
 #include <torch/extension.h>
 
 #include <string>
 
 #include "elementwise.h"
+#include "paged_decode.h"
 #include "skinny_linear.h"
 
 namespace {
@@ -145,10 +148,53 @@ torch::Tensor attention_output_and_mlp(torch::Tensor attn, torch::Tensor o_w,
                                                         gate_up_w, gate_up_b, down_w, down_b);
 }
 
+// The whole layer for one decode step whose attention is the paged-decode kernel (a
+// backend's `PagedDecodePlan`): attention_input, the new k and v rows stored at store_slots
+// of the cache buffers, paged_decode over slots[i, first_key[i]:kv_lens[i]], then
+// attention_output_and_mlp. What the backend's `forward` does between the two halves, here
+// without returning to Python.
+torch::Tensor decode_step(torch::Tensor hidden, torch::Tensor input_norm_w, double input_eps,
+                          torch::Tensor qkv_w, c10::optional<torch::Tensor> qkv_b,
+                          torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
+                          int64_t head_dim, torch::Tensor k_buffer, torch::Tensor v_buffer,
+                          torch::Tensor store_slots, torch::Tensor slots, torch::Tensor first_key,
+                          torch::Tensor kv_lens, double scale, torch::Tensor o_w,
+                          c10::optional<torch::Tensor> o_b, torch::Tensor post_norm_w,
+                          double post_eps, torch::Tensor gate_up_w,
+                          c10::optional<torch::Tensor> gate_up_b, torch::Tensor down_w,
+                          c10::optional<torch::Tensor> down_b) {
+  const int64_t rows = hidden.size(0);
+  TORCH_CHECK(k_buffer.scalar_type() == hidden.scalar_type() &&
+                  v_buffer.scalar_type() == hidden.scalar_type(),
+              "decode_step: the KV cache holds ", k_buffer.scalar_type(), ", the layer computes in ",
+              hidden.scalar_type());
+  TORCH_CHECK(store_slots.scalar_type() == torch::kInt64 && store_slots.dim() == 1 &&
+                  store_slots.size(0) == rows,
+              "decode_step: one int64 store slot per row is needed, got ", store_slots.sizes(),
+              " of ", store_slots.scalar_type(), " for ", rows, " rows");
+  const auto qkv = attention_input(hidden, input_norm_w, input_eps, qkv_w, qkv_b, cos, sin,
+                                   heads + kv_heads, head_dim);
+  const int64_t q_width = heads * head_dim, kv_width = kv_heads * head_dim;
+  TORCH_CHECK(qkv.size(1) == q_width + 2 * kv_width, "decode_step: the qkv projection has ",
+              qkv.size(1), " outputs, not ", q_width + 2 * kv_width, " for ", heads, " + 2 x ",
+              kv_heads, " heads of ", head_dim);
+  const auto q = qkv.narrow(1, 0, q_width).view({rows, heads, head_dim});
+  const auto k = qkv.narrow(1, q_width, kv_width).view({rows, kv_heads, head_dim});
+  const auto v = qkv.narrow(1, q_width + kv_width, kv_width).view({rows, kv_heads, head_dim});
+  k_buffer.index_copy_(0, store_slots, k);
+  v_buffer.index_copy_(0, store_slots, v);
+  const auto attn = plugserve::paged::paged_decode(q, k_buffer, v_buffer, slots, first_key,
+                                                   kv_lens, scale);
+  return attention_output_and_mlp(attn.view({rows, q_width}), o_w, o_b, hidden, post_norm_w,
+                                  post_eps, gate_up_w, gate_up_b, down_w, down_b);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &plugserve::skinny::isa, "the instruction set this build uses: avx512_bf16, avx512 or none");
   m.def("attention_input", &attention_input,
         "rms_norm(hidden) @ qkv_w.T (+ b) with q and k rotated in place (CPU, few rows)");
   m.def("attention_output_and_mlp", &attention_output_and_mlp,
         "residual + o(attn), then + the gated MLP of its norm (CPU, few rows)");
+  m.def("decode_step", &decode_step,
+        "a whole decoder layer for a decode step over a paged KV cache (CPU, few rows)");
 }

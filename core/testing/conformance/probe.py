@@ -1,8 +1,10 @@
 """Proof that the engine ran the backend under test: its class, and counted calls.
 
 `BackendProbe.attach(engine.backend)` wraps the instance's `init_forward_metadata`,
-`forward`, `forward_extend` and `forward_decode` (instance attributes shadow the class's
-methods, so the runner, the model layers and a spec algorithm all go through the wrappers).
+`forward`, `forward_extend`, `forward_decode` and `paged_decode_plan` (instance attributes
+shadow the class's methods, so the runner, the model layers and a spec algorithm all go
+through the wrappers). A plan the backend hands out is one layer's attention too: the model
+runs the paged-decode kernel on the backend's operands instead of calling `forward`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from typing import Any
 from plugserve.attention.base import AttentionBackend
 from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
 
-PROBED = ("init_forward_metadata", "forward", "forward_extend", "forward_decode")
+PROBED = (
+    "init_forward_metadata", "forward", "forward_extend", "forward_decode", "paged_decode_plan"
+)
 
 
 class BackendProbe:
@@ -35,7 +39,10 @@ class BackendProbe:
             self.calls[name] += 1
             if name == "init_forward_metadata" and args and isinstance(args[0], ForwardBatch):
                 self.mixed_batches += is_mixed(args[0])
-            return method(*args, **kwargs)
+            result = method(*args, **kwargs)
+            if name == "paged_decode_plan" and result is not None:
+                self.calls["plans_run"] += 1
+            return result
 
         return counted
 
@@ -43,24 +50,26 @@ class BackendProbe:
         self, expected: type[AttentionBackend], name: str, *, layers_per_batch: int | None = None
     ) -> None:
         """The engine's backend is the class registered as `name`, and it did the work:
-        metadata per batch, then `layers_per_batch` forward calls per batch when given."""
+        metadata per batch, then `layers_per_batch` attention calls per batch when given
+        (`forward`, or a plan handed out)."""
         got = type(self.backend)
         assert got is expected, (
             f"engine.backend is {got.__module__}.{got.__qualname__}, not "
             f"{expected.__module__}.{expected.__qualname__} registered as {name!r}")
         batches = self.calls["init_forward_metadata"]
         forwards = self.calls["forward"]
+        layers_run = forwards + self.calls["plans_run"]
         assert batches > 0, f"{name!r}: init_forward_metadata was never called"
-        assert forwards > 0, f"{name!r}: forward was never called"
+        assert layers_run > 0, f"{name!r}: neither forward nor a decode plan was ever used"
         if type(self.backend).forward is AttentionBackend.forward:
             attended = self.calls["forward_extend"] + self.calls["forward_decode"]
             assert attended == forwards, (
                 f"{name!r}: {forwards} forward calls but {attended} forward_extend/"
                 "forward_decode calls")
         if layers_per_batch is not None:
-            assert forwards == batches * layers_per_batch, (
-                f"{name!r}: {forwards} forward calls for {batches} batches of "
-                f"{layers_per_batch} attention layers")
+            assert layers_run == batches * layers_per_batch, (
+                f"{name!r}: {forwards} forward calls and {self.calls['plans_run']} decode plans "
+                f"for {batches} batches of {layers_per_batch} attention layers")
 
 
 def is_mixed(fb: ForwardBatch) -> bool:
