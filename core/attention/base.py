@@ -4,7 +4,9 @@ A backend is built once per engine with an `AttentionContext`. For every batch t
 calls `init_forward_metadata(forward_batch)` once, then each attention layer calls
 `forward(q, k, v, layer, forward_batch)`, which stores the new K/V at
 `forward_batch.out_cache_loc` and returns attention over the paged cache as read through
-`req_to_token`. Extend-like modes (prefill, mixed, verify, draft extend) may carry a custom
+`req_to_token`. A backend whose decode is the CPU paged-decode kernel may also describe a
+decode layer's attention as that kernel's operands (`paged_decode_plan`); a model that can
+then runs the whole layer in compiled code instead of calling `forward`. Extend-like modes (prefill, mixed, verify, draft extend) may carry a custom
 mask; decode modes have one query per request (or per branch for topk>1 drafting).
 """
 

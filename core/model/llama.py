@@ -134,8 +134,8 @@ class DecoderLayer(nn.Module):
             arch.hidden_size, arch.intermediate_size, bias=arch.mlp_bias, dtype=dtype,
             device=device, activation=arch.hidden_act,
         )
-        # The Llama form of the layer, which `plugserve.kernels.decode_layer` runs in two
-        # calls for the few rows of a decode step.
+        # The Llama form of the layer, which `plugserve.kernels.decode_layer` runs in one or
+        # two compiled calls for the few rows of a decode step.
         self.has_llama_form = (
             not arch.sandwich_norms and not arch.qk_norm and not arch.norm_unit_offset
             and arch.hidden_act == "silu"
@@ -164,7 +164,6 @@ class DecoderLayer(nn.Module):
         mlp_in, hidden = pre_mlp.add_and_norm(self.post_attention_layernorm(attn), hidden)
         return hidden + post_mlp(self.mlp(mlp_in))
 
-
     def _forward_few_rows(
         self,
         hidden: torch.Tensor,
@@ -180,7 +179,7 @@ class DecoderLayer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         input_norm, post_norm = self.input_layernorm, self.post_attention_layernorm
         plan = backend.paged_decode_plan(attn.layer, forward_batch)
-        if plan is not None and plan.k_buffer.dtype == hidden.dtype:
+        if plan is not None:  # the KV cache holds the model's dtype (checked in the kernel)
             return decode_layer.decode_step(
                 hidden, input_norm.weight, input_norm.eps, attn.qkv_proj.weight,
                 attn.qkv_proj.bias, cos, sin, attn.num_heads, attn.num_kv_heads, attn.head_dim,

@@ -10,8 +10,8 @@
 //   decode_step                both, with the KV store and the paged-decode attention between
 //                              (for a backend whose decode is that kernel)
 // with the streaming linear of skinny_linear.h, the elementwise kernels of elementwise.h and
-// the attention of paged_decode.h, so the results are those of the op-by-op path bit for bit (the Python side's references;
-// tests/kernels/test_decode_layer.py).
+// the attention of paged_decode.h, so the results are those of the op-by-op path bit for bit
+// (the Python side's references; tests/kernels/test_decode_layer.py).
 #include <torch/extension.h>
 
 #include <string>
@@ -31,8 +31,8 @@ using plugserve::skinny::kHaveBf16;
 using plugserve::skinny::linear_into;
 
 void check_rows(const torch::Tensor& x, const char* what) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, what, ": a CPU tensor [rows, features] is needed, got ",
-              x.sizes());
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, what,
+              ": a CPU tensor [rows, features] is needed, got ", x.sizes());
   const auto dtype = x.scalar_type();
   TORCH_CHECK(dtype == torch::kFloat || (kHaveBf16 && dtype == torch::kBFloat16), what,
               ": float32", kHaveBf16 ? " or bfloat16" : "", " here, got ", dtype);
@@ -166,8 +166,8 @@ torch::Tensor decode_step(torch::Tensor hidden, torch::Tensor input_norm_w, doub
   const int64_t rows = hidden.size(0);
   TORCH_CHECK(k_buffer.scalar_type() == hidden.scalar_type() &&
                   v_buffer.scalar_type() == hidden.scalar_type(),
-              "decode_step: the KV cache holds ", k_buffer.scalar_type(), ", the layer computes in ",
-              hidden.scalar_type());
+              "decode_step: the KV cache holds ", k_buffer.scalar_type(),
+              ", the layer computes in ", hidden.scalar_type());
   TORCH_CHECK(store_slots.scalar_type() == torch::kInt64 && store_slots.dim() == 1 &&
                   store_slots.size(0) == rows,
               "decode_step: one int64 store slot per row is needed, got ", store_slots.sizes(),
@@ -190,7 +190,8 @@ torch::Tensor decode_step(torch::Tensor hidden, torch::Tensor input_norm_w, doub
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("isa", &plugserve::skinny::isa, "the instruction set this build uses: avx512_bf16, avx512 or none");
+  m.def("isa", &plugserve::skinny::isa,
+        "the instruction set this build uses: avx512_bf16, avx512 or none");
   m.def("attention_input", &attention_input,
         "rms_norm(hidden) @ qkv_w.T (+ b) with q and k rotated in place (CPU, few rows)");
   m.def("attention_output_and_mlp", &attention_output_and_mlp,

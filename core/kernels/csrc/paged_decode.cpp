@@ -13,5 +13,6 @@
 #include "paged_decode.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &plugserve::paged::paged_decode, "decode attention over a paged KV cache (CPU)");
+  m.def("paged_decode", &plugserve::paged::paged_decode,
+        "decode attention over a paged KV cache (CPU)");
 }

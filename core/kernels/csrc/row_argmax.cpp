@@ -32,7 +32,8 @@ inline float max_of(const float* __restrict x, int64_t n, bool* has_nan) {
     const __m512 v0 = _mm512_loadu_ps(x + i), v1 = _mm512_loadu_ps(x + i + 16);
     const __m512 v2 = _mm512_loadu_ps(x + i + 32), v3 = _mm512_loadu_ps(x + i + 48);
     // a lane is unordered when either operand is NaN: two compares cover all four vectors
-    unordered |= _mm512_cmp_ps_mask(v0, v1, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v2, v3, _CMP_UNORD_Q);
+    unordered |= _mm512_cmp_ps_mask(v0, v1, _CMP_UNORD_Q) |
+                 _mm512_cmp_ps_mask(v2, v3, _CMP_UNORD_Q);
     acc0 = _mm512_max_ps(acc0, v0);
     acc1 = _mm512_max_ps(acc1, v1);
     acc2 = _mm512_max_ps(acc2, v2);

@@ -45,7 +45,8 @@ torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor w, c10::optional<torc
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("isa", &plugserve::skinny::isa, "the instruction set this build uses: avx512_bf16, avx512 or none");
+  m.def("isa", &plugserve::skinny::isa,
+        "the instruction set this build uses: avx512_bf16, avx512 or none");
   m.def("has_bf16", &has_bf16, "whether bfloat16 operands are taken (AVX512-BF16)");
   m.def("skinny_linear", &skinny_linear, "x @ w.T (+ bias) for few rows of x (CPU)");
 }

@@ -119,7 +119,8 @@ void run(const T* x_ptr, const T* w_ptr, const float* bias, T* out_ptr, int64_t 
   const int64_t blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   // A thread's share is a contiguous run of weight rows: one sequential stream each.
   at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
-    const char* share_end = reinterpret_cast<const char*>(w_ptr + std::min(end * kRowsPerBlock, N) * K);
+    const T* const share_end_row = w_ptr + std::min(end * kRowsPerBlock, N) * K;
+    const char* share_end = reinterpret_cast<const char*>(share_end_row);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n0 = b * kRowsPerBlock;
       const int64_t n_valid = std::min(kRowsPerBlock, N - n0);
@@ -131,7 +132,8 @@ void run(const T* x_ptr, const T* w_ptr, const float* bias, T* out_ptr, int64_t 
       const char* prefetch = share_end;
       int64_t m0 = 0;
       for (; m0 + kXRows <= M; m0 += kXRows, prefetch = nullptr)
-        tile<T, kXRows>(x_ptr + m0 * K, w_rows, K, K, bias, n0, n_valid, out_ptr + m0 * N, N, prefetch);
+        tile<T, kXRows>(x_ptr + m0 * K, w_rows, K, K, bias, n0, n_valid, out_ptr + m0 * N, N,
+                        prefetch);
       const T* xr = x_ptr + m0 * K;
       T* o = out_ptr + m0 * N;
       switch (M - m0) {
