@@ -150,15 +150,23 @@ def test_decode_step_same_bits_as_the_backend_path(
     assert set(changed.tolist()) <= set(plan.store_slots.tolist())
 
 
-def test_decode_step_refuses_a_cache_of_another_dtype() -> None:
+def test_decode_step_refuses_a_bad_cache_or_slot() -> None:
     shape = SHAPES[0]
     _, heads, kv_heads, head_dim, _ = shape
     p, r = _layer(shape, False, torch.float32, 1), _rows(shape, 1, torch.float32, 1)
-    plan = _plan(shape, 1, torch.float64, False)
+
+    def step(plan: PagedDecodePlan) -> torch.Tensor:
+        return dl.decode_step(r["hidden"], p["input_norm"], EPS, p["qkv_w"], None, r["cos"],
+                              r["sin"], heads, kv_heads, head_dim, plan, p["o_w"], None,
+                              p["post_norm"], EPS, p["gate_up_w"], None, p["down_w"], None)
+
     with pytest.raises(RuntimeError, match="the KV cache holds Double"):
-        dl.decode_step(r["hidden"], p["input_norm"], EPS, p["qkv_w"], None, r["cos"], r["sin"],
-                       heads, kv_heads, head_dim, plan, p["o_w"], None, p["post_norm"], EPS,
-                       p["gate_up_w"], None, p["down_w"], None)
+        step(_plan(shape, 1, torch.float64, False))
+    plan = _plan(shape, 1, torch.float32, False)
+    before = plan.k_buffer.clone()
+    with pytest.raises(RuntimeError, match="store slot 64 is outside the cache's 64 slots"):
+        step(dataclasses.replace(plan, store_slots=torch.tensor([64])))
+    assert torch.equal(plan.k_buffer, before)  # nothing written
 
 
 def _torch_input(shape: tuple[int, ...], p: dict[str, Any], r: dict[str, Any]) -> torch.Tensor:

@@ -14,6 +14,7 @@
 // (the Python side's references; tests/kernels/test_decode_layer.py).
 #include <torch/extension.h>
 
+#include <cstring>
 #include <string>
 
 #include "elementwise.h"
@@ -92,6 +93,30 @@ torch::Tensor attention_output_and_mlp_kernel(
   silu_mul_kernel<T>(gate_up, act);
   const auto mlp = linear(act, down_w, down_b, "attention_output_and_mlp (down)");
   return hidden.add_(mlp);  // torch's add: the sum rounded to T once, as `hidden + mlp` does
+}
+
+// buffer[slots[r]] = rows[r] for each row r: the new tokens' k or v written into the cache.
+// rows [n, kv_heads, head_dim] may be a view with a contiguous last two dims (inside qkv).
+void store_rows(torch::Tensor& buffer, const torch::Tensor& slots, const torch::Tensor& rows) {
+  TORCH_CHECK(buffer.dim() == 3 && buffer.size(1) == rows.size(1) &&
+                  buffer.size(2) == rows.size(2) && buffer.stride(2) == 1 &&
+                  buffer.stride(1) == buffer.size(2) && rows.stride(2) == 1 &&
+                  rows.stride(1) == rows.size(2),
+              "decode_step: the cache buffer ", buffer.sizes(), " does not take rows ",
+              rows.sizes());
+  const int64_t row_bytes = rows.size(1) * rows.size(2) * rows.element_size();
+  const int64_t capacity = buffer.size(0);
+  const auto* slot = slots.data_ptr<int64_t>();
+  auto* dst = static_cast<char*>(buffer.data_ptr());
+  const auto* src = static_cast<const char*>(rows.data_ptr());
+  for (int64_t r = 0; r < rows.size(0); ++r) {  // all checked before anything is written
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < capacity, "decode_step: store slot ", slot[r],
+                " is outside the cache's ", capacity, " slots");
+  }
+  for (int64_t r = 0; r < rows.size(0); ++r) {
+    std::memcpy(dst + slot[r] * buffer.stride(0) * buffer.element_size(),
+                src + r * rows.stride(0) * rows.element_size(), row_bytes);
+  }
 }
 
 }  // namespace
@@ -181,8 +206,9 @@ torch::Tensor decode_step(torch::Tensor hidden, torch::Tensor input_norm_w, doub
   const auto q = qkv.narrow(1, 0, q_width).view({rows, heads, head_dim});
   const auto k = qkv.narrow(1, q_width, kv_width).view({rows, kv_heads, head_dim});
   const auto v = qkv.narrow(1, q_width + kv_width, kv_width).view({rows, kv_heads, head_dim});
-  k_buffer.index_copy_(0, store_slots, k);
-  v_buffer.index_copy_(0, store_slots, v);
+  store_slots = store_slots.contiguous();
+  store_rows(k_buffer, store_slots, k);
+  store_rows(v_buffer, store_slots, v);
   const auto attn = plugserve::paged::paged_decode(q, k_buffer, v_buffer, slots, first_key,
                                                    kv_lens, scale);
   return attention_output_and_mlp(attn.view({rows, q_width}), o_w, o_b, hidden, post_norm_w,
