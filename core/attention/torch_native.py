@@ -214,13 +214,17 @@ class TorchNativeBackend(AttentionBackend):
             return None
         # `set_kv` writes where `slots_for_layer` maps the new tokens' slots (its contract).
         store_slots = fb.kv_pool.slots_for_layer(layer.layer_id, fb.out_cache_loc)
-        return self._kernel_plan(layer, fb, meta, store_slots.to(torch.int64))
+        slots, first_key, kv_lens = self._kernel_operands(layer, fb, meta)
+        return PagedDecodePlan(
+            fb.kv_pool.get_k(layer.layer_id), fb.kv_pool.get_v(layer.layer_id),
+            store_slots.to(torch.int64), slots, first_key, kv_lens, layer.scaling,
+        )
 
     @staticmethod
-    def _kernel_plan(
-        layer: AttentionLayer, fb: ForwardBatch, meta: TorchNativeMetadata,
-        store_slots: torch.Tensor,
-    ) -> PagedDecodePlan:
+    def _kernel_operands(
+        layer: AttentionLayer, fb: ForwardBatch, meta: TorchNativeMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decode kernel's int64 (slot table, first keys, lengths) for `layer`."""
         assert meta.padded_slots is not None and meta.kv_lens is not None
         slots, kv_lens, first_key = meta.kernel_slots, meta.kernel_lens, meta.kernel_first_key
         if slots is None or kv_lens is None or first_key is None:  # a draft's per-branch lists
@@ -231,17 +235,15 @@ class TorchNativeBackend(AttentionBackend):
             slots = fb.kv_pool.slots_for_layer(layer.layer_id, slots).to(torch.int64).contiguous()
         if layer.sliding_window is not None:
             first_key = (kv_lens - layer.sliding_window).clamp(min=0)
-        return PagedDecodePlan(
-            fb.kv_pool.get_k(layer.layer_id), fb.kv_pool.get_v(layer.layer_id), store_slots,
-            slots, first_key, kv_lens, layer.scaling,
-        )
+        return slots, first_key, kv_lens
 
     def _decode_in_place(
         self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch, meta: TorchNativeMetadata
     ) -> torch.Tensor:
-        plan = self._kernel_plan(layer, fb, meta, fb.out_cache_loc)  # k/v already stored
+        slots, first_key, kv_lens = self._kernel_operands(layer, fb, meta)
         return paged_decode_kernel.paged_decode(
-            q, plan.k_buffer, plan.v_buffer, plan.slots, plan.first_key, plan.kv_lens, plan.scale
+            q, fb.kv_pool.get_k(layer.layer_id), fb.kv_pool.get_v(layer.layer_id),
+            slots, first_key, kv_lens, layer.scaling,
         )
 
     @staticmethod
