@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+import torch
+
+# Without CUDA, Triton runs only in its CPU interpreter, which it reads when a kernel is
+# decorated: switch it on before any test imports triton (torch.compile, an optimizer or a
+# backend may), whichever test directories a session collects.
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _torch_one_thread() -> Iterator[None]:
     """The tests run tiny models: intra-op threads cost more than they save, and on a
     shared 2-core machine they can slow a tiny forward down a hundredfold."""
-    import torch
-
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

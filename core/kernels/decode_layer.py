@@ -11,7 +11,9 @@ path everywhere `applies` says no):
   post-attention norm, the gated SiLU MLP and its residual add;
 - `decode_step`: both, with the attention between them, where the backend's decode attention
   is the paged-decode kernel over plain tensors (its `PagedDecodePlan`): the KV store and
-  `plugserve.kernels.paged_decode` run inside the same call.
+  `plugserve.kernels.paged_decode` run inside the same call;
+- `DecodeStack`: a model's layers held once (`LayerWeights`), whose `run` takes a decode
+  step through all of them in one call, each layer's `decode_step` with its plan.
 
 It takes the Llama form of the layer (no q/k norms, no sandwich norms, SiLU, plain RMSNorm
 weights) where the few-row linear kernel applies (`plugserve.kernels.skinny_linear`).
@@ -19,6 +21,8 @@ weights) where the few-row linear kernel applies (`plugserve.kernels.skinny_line
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -162,3 +166,72 @@ def decode_step_reference(
         attn.reshape(rows, q_width), o_weight, o_bias, hidden, post_norm_weight, post_eps,
         gate_up_weight, gate_up_bias, down_weight, down_bias,
     )
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One Llama-form decoder layer as `decode_step` takes it: its norms, projections and
+    attention shape (the parameters themselves, not copies)."""
+
+    input_norm: torch.Tensor
+    input_eps: float
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    heads: int
+    kv_heads: int
+    head_dim: int
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    post_eps: float
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+class DecodeStack:
+    """A model's decoder layers for decode steps in one compiled call each (`run`).
+
+    It holds the layers' parameters as tensors (in-place writes to them are seen); a model
+    that replaces a parameter object builds a new stack."""
+
+    def __init__(self, layers: Sequence[LayerWeights]) -> None:
+        self.layers = tuple(layers)
+        f = self.layers
+        self._stack = _module().DecodeStack(
+            [w.input_norm for w in f], [w.input_eps for w in f], [w.qkv for w in f],
+            [w.qkv_bias for w in f], [w.heads for w in f], [w.kv_heads for w in f],
+            [w.head_dim for w in f], [w.o for w in f], [w.o_bias for w in f],
+            [w.post_norm for w in f], [w.post_eps for w in f], [w.gate_up for w in f],
+            [w.gate_up_bias for w in f], [w.down for w in f], [w.down_bias for w in f],
+        )
+
+    def run(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        plans: Sequence[PagedDecodePlan],
+    ) -> torch.Tensor:
+        """`hidden` [rows, hidden_size] after every layer's `decode_step`, layer i's attention
+        being `plans[i]` and its rope angles cos / sin."""
+        out: torch.Tensor = self._stack.run(
+            hidden, cos, sin, [p.k_buffer for p in plans], [p.v_buffer for p in plans],
+            [p.store_slots for p in plans], [p.slots for p in plans],
+            [p.first_key for p in plans], [p.kv_lens for p in plans], [p.scale for p in plans],
+        )
+        return out
+
+    def run_reference(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        plans: Sequence[PagedDecodePlan],
+    ) -> torch.Tensor:
+        """The same through `decode_step_reference`, one layer at a time."""
+        if len(plans) != len(self.layers):
+            raise ValueError(f"one plan per layer is needed ({len(self.layers)} layers), "
+                             f"got {len(plans)}")
+        for w, plan in zip(self.layers, plans, strict=True):
+            hidden = decode_step_reference(
+                hidden, w.input_norm, w.input_eps, w.qkv, w.qkv_bias, cos, sin, w.heads,
+                w.kv_heads, w.head_dim, plan, w.o, w.o_bias, w.post_norm, w.post_eps,
+                w.gate_up, w.gate_up_bias, w.down, w.down_bias,
+            )
+        return hidden

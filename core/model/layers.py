@@ -24,6 +24,24 @@ from plugserve.kernels.packed_linear import HALF, Derived, half_is_native, packe
 
 Device = torch.device | str
 
+# Parameters assigned to any module so far, counted by a torch hook: a cache built from a
+# model's parameter objects (not their values, which it shares) is stale once this moves.
+_parameters_registered = 0
+
+
+def _count_registration(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+    global _parameters_registered
+    _parameters_registered += 1
+
+
+nn.modules.module.register_module_parameter_registration_hook(_count_registration)
+
+
+def parameter_generation() -> int:
+    """A number that changes whenever a parameter is assigned to a module."""
+    return _parameters_registered
+
+
 def upcasts_matmul(weight: torch.Tensor) -> bool:
     """True when matmuls against `weight` are faster in float32 on this machine."""
     return weight.dtype in HALF and weight.is_cpu and not half_is_native(weight.dtype)

@@ -19,11 +19,12 @@ Parameters are allocated without initial values; a loader fills every one of the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
 
-from plugserve.attention.base import AttentionBackend, AttentionLayer
+from plugserve.attention.base import AttentionBackend, AttentionLayer, PagedDecodePlan
 from plugserve.kernels import decode_layer
 from plugserve.kernels import fused_elementwise as fused
 from plugserve.model.arch import ModelArchConfig
@@ -34,6 +35,7 @@ from plugserve.model.layers import (
     Linear,
     RMSNorm,
     linear,
+    parameter_generation,
     upcasts_matmul,
 )
 from plugserve.model.rope import RotaryEmbedding, apply_rope
@@ -149,12 +151,9 @@ class DecoderLayer(nn.Module):
         forward_batch: ForwardBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        qkv_weight = self.self_attn.qkv_proj.weight
-        if (
-            self.has_llama_form and decode_layer.applies(hidden, qkv_weight, cos)
-            and not upcasts_matmul(qkv_weight)
-        ):
-            return self._forward_few_rows(hidden, cos, sin, forward_batch, backend)
+        if self.has_llama_form and _few_rows_apply(hidden, self.self_attn.qkv_proj.weight, cos):
+            plan = backend.paged_decode_plan(self.self_attn.layer, forward_batch)
+            return self.forward_few_rows(hidden, cos, sin, forward_batch, backend, plan)
         attn = self.self_attn(self.input_layernorm(hidden), cos, sin, forward_batch, backend)
         pre_mlp, post_mlp = self.pre_feedforward_layernorm, self.post_feedforward_layernorm
         # The residual add and the norm after it are one fused step (`RMSNorm.add_and_norm`).
@@ -164,21 +163,32 @@ class DecoderLayer(nn.Module):
         mlp_in, hidden = pre_mlp.add_and_norm(self.post_attention_layernorm(attn), hidden)
         return hidden + post_mlp(self.mlp(mlp_in))
 
-    def _forward_few_rows(
+    def decode_weights(self) -> decode_layer.LayerWeights:
+        """This (Llama-form) layer's parameters as the compiled decode step takes them."""
+        attn, mlp = self.self_attn, self.mlp
+        input_norm, post_norm = self.input_layernorm, self.post_attention_layernorm
+        return decode_layer.LayerWeights(
+            input_norm.weight, input_norm.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
+            attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.o_proj.weight,
+            attn.o_proj.bias, post_norm.weight, post_norm.eps, mlp.gate_up_proj.weight,
+            mlp.gate_up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias,
+        )
+
+    def forward_few_rows(
         self,
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
         forward_batch: ForwardBatch,
         backend: AttentionBackend,
+        plan: PagedDecodePlan | None,
     ) -> torch.Tensor:
         """`forward` of a Llama-form layer in compiled code: one call where the backend's
-        decode attention is the paged-decode kernel (its plan), else two around the
+        decode attention is the paged-decode kernel (its `plan`), else two around the
         backend's `forward`. The same kernels in the same order, without a dozen Python steps
         between them."""
         attn, mlp = self.self_attn, self.mlp
         input_norm, post_norm = self.input_layernorm, self.post_attention_layernorm
-        plan = backend.paged_decode_plan(attn.layer, forward_batch)
         if plan is not None:  # the KV cache holds the model's dtype (checked in the kernel)
             return decode_layer.decode_step(
                 hidden, input_norm.weight, input_norm.eps, attn.qkv_proj.weight,
@@ -197,6 +207,11 @@ class DecoderLayer(nn.Module):
             mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, mlp.down_proj.weight,
             mlp.down_proj.bias,
         )
+
+
+def _few_rows_apply(hidden: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Whether a Llama-form layer runs these rows through `plugserve.kernels.decode_layer`."""
+    return decode_layer.applies(hidden, qkv_weight, cos) and not upcasts_matmul(qkv_weight)
 
 
 def _norm(arch: ModelArchConfig, size: int, dtype: torch.dtype, device: Device) -> RMSNorm:
@@ -242,6 +257,13 @@ class CausalLM(nn.Module):
                 arch.local_rope_scaling, dtype=dtype, device=device,
             )
         self.uses_local_rope = [arch.layer_uses_local_rope(i) for i in range(len(self.layers))]
+        # Decode steps through `plugserve.kernels.decode_layer`'s stack (one rope for all).
+        self.all_llama_form = (
+            len(self.layers) > 0 and self.local_rotary is None
+            and all(layer.has_llama_form for layer in self.layers)
+        )
+        self._stack: decode_layer.DecodeStack | None = None
+        self._stack_generation = -1
         # Gemma multiplies the embeddings by sqrt(hidden_size) rounded to the model dtype.
         scale = None
         if arch.embedding_scale != 1.0:
@@ -249,6 +271,38 @@ class CausalLM(nn.Module):
         self.register_buffer(
             "embed_scale", None if scale is None else scale.to(device), persistent=False
         )
+
+    @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return cast(list[DecoderLayer], list(self.layers))
+
+    def _decode_layers(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        forward_batch: ForwardBatch, backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """Every (Llama-form) layer over the few rows of a decode step in compiled code: one
+        call for the whole stack where the backend plans every layer's attention, else each
+        layer's `forward_few_rows`."""
+        layers = self.decoder_layers
+        plans = [backend.paged_decode_plan(layer.self_attn.layer, forward_batch)
+                 for layer in layers]
+        planned = [plan for plan in plans if plan is not None]
+        if len(planned) == len(plans):
+            return self._decode_stack().run(hidden, cos, sin, planned)
+        for layer, plan in zip(layers, plans, strict=True):
+            hidden = layer.forward_few_rows(hidden, cos, sin, forward_batch, backend, plan)
+        return hidden
+
+    def _decode_stack(self) -> decode_layer.DecodeStack:
+        """The layers held for one-call decode steps; built again once a parameter object
+        anywhere is replaced (in-place weight writes need nothing: it shares the storage)."""
+        generation = parameter_generation()
+        if self._stack is None or self._stack_generation != generation:
+            self._stack = decode_layer.DecodeStack(
+                [layer.decode_weights() for layer in self.decoder_layers]
+            )
+            self._stack_generation = generation
+        return self._stack
 
     @property
     def device(self) -> torch.device:
@@ -282,9 +336,14 @@ class CausalLM(nn.Module):
         if self.local_rotary is not None:
             ropes.append(self.local_rotary(forward_batch.positions))
         hidden = self.embed(forward_batch.input_ids)
-        for layer, local in zip(self.layers, self.uses_local_rope, strict=True):
-            cos, sin = ropes[1] if local else ropes[0]
-            hidden = layer(hidden, cos, sin, forward_batch, backend)
+        cos, sin = ropes[0]
+        first_qkv = self.decoder_layers[0].self_attn.qkv_proj.weight if self.all_llama_form else None
+        if first_qkv is not None and _few_rows_apply(hidden, first_qkv, cos):
+            hidden = self._decode_layers(hidden, cos, sin, forward_batch, backend)
+        else:
+            for layer, local in zip(self.layers, self.uses_local_rope, strict=True):
+                cos, sin = ropes[1] if local else ropes[0]
+                hidden = layer(hidden, cos, sin, forward_batch, backend)
         every_token = hidden
         if forward_batch.logits_indices is not None:
             hidden = hidden.index_select(0, forward_batch.logits_indices)

@@ -227,38 +227,120 @@ def test_bad_input_is_refused_with_the_shapes() -> None:
         dl.attention_output_and_mlp(*out_args)
 
 
+def _model_logits(model: Any, prompts: list[list[int]], steps: int = 3) -> list[torch.Tensor]:
+    """Logits of a prefill and `steps` greedy decode steps through the paged test runner."""
+    runner = PagedRunner(model, len(prompts), page_size=4)
+    out = runner.prefill(prompts, last_only=True)
+    logits = [out.logits]
+    for _ in range(steps):
+        out = runner.decode(out.logits.argmax(-1).tolist())
+        logits.append(out.logits)
+    return logits
+
+
 @pytest.mark.parametrize("dtype", _dtypes())
 @pytest.mark.parametrize("kind", ["llama", "llama3_rope_bias"])
 def test_model_decode_steps_equal_without_the_kernel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, kind: str
 ) -> None:
     """A tiny model's prefill and decode logits, with the layers' compiled path and without
-    it, are the same bits; and the one-call path is the one its decode steps take."""
+    it, are the same bits; and every decode step runs the whole stack in one call."""
     tiny_hf_model(kind, tmp_path)
     model = load_model(str(tmp_path), dtype=dtype, device="cpu").model
     prompts = random_prompts([3, 2] if dtype == torch.float32 else [4], seed=5)
-    calls = 0
-    real_step = dl.decode_step
+    runs = 0
+    real_run = dl.DecodeStack.run
 
-    def counting(*args: Any) -> torch.Tensor:
-        nonlocal calls
-        calls += 1
-        return real_step(*args)
+    def counting(self: dl.DecodeStack, *args: Any) -> torch.Tensor:
+        nonlocal runs
+        runs += 1
+        return real_run(self, *args)
 
-    monkeypatch.setattr(dl, "decode_step", counting)
-
-    def run(applies: Any) -> list[torch.Tensor]:
-        monkeypatch.setattr(dl, "applies", applies)
-        runner = PagedRunner(model, len(prompts), page_size=4)
-        out = runner.prefill(prompts, last_only=True)
-        logits = [out.logits]
-        for _ in range(3):
-            out = runner.decode(out.logits.argmax(-1).tolist())
-            logits.append(out.logits)
-        return logits
-
-    with_kernel = run(dl.applies)
-    assert calls == 3 * model.arch.num_hidden_layers  # every layer of every decode step
-    without = run(lambda *args: False)
+    monkeypatch.setattr(dl.DecodeStack, "run", counting)
+    with_kernel = _model_logits(model, prompts)
+    assert runs == 3  # every decode step, all layers in one call
+    monkeypatch.setattr(dl, "applies", lambda *args: False)
+    without = _model_logits(model, prompts)
+    assert runs == 3
     for ours, ref in zip(with_kernel, without, strict=True):
         assert torch.equal(ours, ref)
+
+
+def test_model_runs_layers_one_by_one_where_a_plan_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the backend plans some layers' attention and not others, each layer takes its
+    own path (one call with a plan, two around `forward` without), with the same logits, and
+    no layer's plan is asked for twice."""
+    tiny_hf_model("llama", tmp_path)
+    model = load_model(str(tmp_path), dtype=torch.float32, device="cpu").model
+    prompts = random_prompts([3, 2], seed=6)
+    reference = _model_logits(model, prompts)
+    from plugserve.attention.torch_native import TorchNativeBackend
+
+    real_plan = TorchNativeBackend.paged_decode_plan
+    asked: list[int] = []
+
+    def first_layer_only(self: Any, layer: Any, fb: Any) -> PagedDecodePlan | None:
+        asked.append(layer.layer_id)
+        return real_plan(self, layer, fb) if layer.layer_id == 0 else None
+
+    monkeypatch.setattr(TorchNativeBackend, "paged_decode_plan", first_layer_only)
+    steps = []
+    real_step = dl.decode_step
+    monkeypatch.setattr(dl, "decode_step", lambda *a: steps.append(1) or real_step(*a))
+    mixed = _model_logits(model, prompts)
+    layers = model.arch.num_hidden_layers
+    # once per layer and forward (the prefill's few rows ask too; it gets none), and layer 0
+    # took one call in each decode step
+    assert asked == list(range(layers)) * 4 and len(steps) == 3
+    for ours, ref in zip(mixed, reference, strict=True):
+        assert torch.equal(ours, ref)
+
+
+def test_stack_equals_the_layers_one_by_one_and_refuses_missing_plans() -> None:
+    """`DecodeStack.run` is each layer's `decode_step` in turn, bit for bit (its reference
+    path, over copies of the caches); a plan list of the wrong length is refused."""
+    shape, dtype = SHAPES[1], _dtypes()[-1]
+    _, heads, kv_heads, head_dim, _ = shape
+    layers = []
+    for seed in range(3):
+        p = _layer(shape, seed == 1, dtype, seed)
+        layers.append(dl.LayerWeights(
+            p["input_norm"], EPS, p["qkv_w"], p["qkv_b"], heads, kv_heads, head_dim, p["o_w"],
+            p["o_b"], p["post_norm"], EPS * 2, p["gate_up_w"], p["gate_up_b"], p["down_w"],
+            p["down_b"],
+        ))
+    stack = dl.DecodeStack(layers)
+    r = _rows(shape, 2, dtype, seed=3)
+    plans = [_plan(shape, 2, dtype, window=i == 2) for i in range(3)]
+    ref_plans = [_copy(plan) for plan in plans]
+    out = stack.run(r["hidden"], r["cos"], r["sin"], plans)
+    ref = stack.run_reference(r["hidden"], r["cos"], r["sin"], ref_plans)
+    assert torch.equal(out, ref)
+    for plan, ref_plan in zip(plans, ref_plans, strict=True):
+        assert torch.equal(plan.k_buffer, ref_plan.k_buffer)
+        assert torch.equal(plan.v_buffer, ref_plan.v_buffer)
+    with pytest.raises(RuntimeError, match=r"one plan per layer is needed \(3 layers\), got 2"):
+        stack.run(r["hidden"], r["cos"], r["sin"], plans[:2])
+
+
+def test_stack_sees_weight_writes_and_is_rebuilt_for_a_new_parameter(tmp_path: Path) -> None:
+    """The model's stack shares the parameters' storage (an in-place write changes its
+    output) and is built again once a parameter object is replaced."""
+    tiny_hf_model("llama", tmp_path)
+    model = load_model(str(tmp_path), dtype=torch.float32, device="cpu").model
+    prompts = random_prompts([3], seed=7)
+    before = _model_logits(model, prompts, steps=1)
+    stack = model._decode_stack()
+    down = model.layers[1].mlp.down_proj
+    with torch.no_grad():
+        down.weight.mul_(2)
+    doubled = _model_logits(model, prompts, steps=1)
+    assert model._decode_stack() is stack
+    assert not torch.equal(doubled[1], before[1])
+    halved = down.weight.detach() / 2
+    down.weight = torch.nn.Parameter(halved, requires_grad=False)
+    assert model._decode_stack() is not stack
+    assert all(torch.equal(a, b) for a, b in zip(_model_logits(model, prompts, steps=1), before,
+                                                 strict=True))

@@ -16,6 +16,8 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "elementwise.h"
 #include "paged_decode.h"
@@ -215,6 +217,84 @@ torch::Tensor decode_step(torch::Tensor hidden, torch::Tensor input_norm_w, doub
                                   post_eps, gate_up_w, gate_up_b, down_w, down_b);
 }
 
+// A model's decoder layers for `decode_step`, held once so that a decode step runs all of
+// them in one call: the weights (tensors that share the parameters' storage, so in-place
+// weight loads are seen) and each layer's shape. A layer's attention operands change every
+// step and come with `run`, one entry per layer, as the backend's plans give them.
+class DecodeStack {
+ public:
+  DecodeStack(std::vector<torch::Tensor> input_norm_w, std::vector<double> input_eps,
+              std::vector<torch::Tensor> qkv_w, std::vector<c10::optional<torch::Tensor>> qkv_b,
+              std::vector<int64_t> heads, std::vector<int64_t> kv_heads,
+              std::vector<int64_t> head_dim, std::vector<torch::Tensor> o_w,
+              std::vector<c10::optional<torch::Tensor>> o_b,
+              std::vector<torch::Tensor> post_norm_w, std::vector<double> post_eps,
+              std::vector<torch::Tensor> gate_up_w,
+              std::vector<c10::optional<torch::Tensor>> gate_up_b,
+              std::vector<torch::Tensor> down_w,
+              std::vector<c10::optional<torch::Tensor>> down_b)
+      : input_norm_w_(std::move(input_norm_w)), input_eps_(std::move(input_eps)),
+        qkv_w_(std::move(qkv_w)), qkv_b_(std::move(qkv_b)), heads_(std::move(heads)),
+        kv_heads_(std::move(kv_heads)), head_dim_(std::move(head_dim)), o_w_(std::move(o_w)),
+        o_b_(std::move(o_b)), post_norm_w_(std::move(post_norm_w)),
+        post_eps_(std::move(post_eps)), gate_up_w_(std::move(gate_up_w)),
+        gate_up_b_(std::move(gate_up_b)), down_w_(std::move(down_w)),
+        down_b_(std::move(down_b)) {
+    const size_t n = input_norm_w_.size();
+    for (const size_t size :
+         {input_eps_.size(), qkv_w_.size(), qkv_b_.size(), heads_.size(), kv_heads_.size(),
+          head_dim_.size(), o_w_.size(), o_b_.size(), post_norm_w_.size(), post_eps_.size(),
+          gate_up_w_.size(), gate_up_b_.size(), down_w_.size(), down_b_.size()}) {
+      TORCH_CHECK(size == n, "DecodeStack: every field needs one entry per layer (", n,
+                  " layers), one has ", size);
+    }
+  }
+
+  int64_t layers() const { return static_cast<int64_t>(input_norm_w_.size()); }
+
+  // hidden through every layer's decode_step; cos / sin are every layer's rope angles, and
+  // layer i's attention is k_buffers[i], v_buffers[i], store_slots[i], slots[i],
+  // first_key[i], kv_lens[i] and scales[i] (its PagedDecodePlan).
+  torch::Tensor run(torch::Tensor hidden, const torch::Tensor& cos, const torch::Tensor& sin,
+                    const std::vector<torch::Tensor>& k_buffers,
+                    const std::vector<torch::Tensor>& v_buffers,
+                    const std::vector<torch::Tensor>& store_slots,
+                    const std::vector<torch::Tensor>& slots,
+                    const std::vector<torch::Tensor>& first_key,
+                    const std::vector<torch::Tensor>& kv_lens,
+                    const std::vector<double>& scales) const {
+    const size_t n = input_norm_w_.size();
+    for (const size_t size : {k_buffers.size(), v_buffers.size(), store_slots.size(),
+                              slots.size(), first_key.size(), kv_lens.size(), scales.size()}) {
+      TORCH_CHECK(size == n, "DecodeStack.run: one plan per layer is needed (", n,
+                  " layers), got ", size);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      hidden = decode_step(hidden, input_norm_w_[i], input_eps_[i], qkv_w_[i], qkv_b_[i], cos,
+                           sin, heads_[i], kv_heads_[i], head_dim_[i], k_buffers[i],
+                           v_buffers[i], store_slots[i], slots[i], first_key[i], kv_lens[i],
+                           scales[i], o_w_[i], o_b_[i], post_norm_w_[i], post_eps_[i],
+                           gate_up_w_[i], gate_up_b_[i], down_w_[i], down_b_[i]);
+    }
+    return hidden;
+  }
+
+ private:
+  std::vector<torch::Tensor> input_norm_w_;
+  std::vector<double> input_eps_;
+  std::vector<torch::Tensor> qkv_w_;
+  std::vector<c10::optional<torch::Tensor>> qkv_b_;
+  std::vector<int64_t> heads_, kv_heads_, head_dim_;
+  std::vector<torch::Tensor> o_w_;
+  std::vector<c10::optional<torch::Tensor>> o_b_;
+  std::vector<torch::Tensor> post_norm_w_;
+  std::vector<double> post_eps_;
+  std::vector<torch::Tensor> gate_up_w_;
+  std::vector<c10::optional<torch::Tensor>> gate_up_b_;
+  std::vector<torch::Tensor> down_w_;
+  std::vector<c10::optional<torch::Tensor>> down_b_;
+};
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &plugserve::skinny::isa,
         "the instruction set this build uses: avx512_bf16, avx512 or none");
@@ -224,4 +304,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "residual + o(attn), then + the gated MLP of its norm (CPU, few rows)");
   m.def("decode_step", &decode_step,
         "a whole decoder layer for a decode step over a paged KV cache (CPU, few rows)");
+  pybind11::class_<DecodeStack>(m, "DecodeStack")
+      .def(pybind11::init<std::vector<torch::Tensor>, std::vector<double>,
+                          std::vector<torch::Tensor>, std::vector<c10::optional<torch::Tensor>>,
+                          std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>,
+                          std::vector<torch::Tensor>, std::vector<c10::optional<torch::Tensor>>,
+                          std::vector<torch::Tensor>, std::vector<double>,
+                          std::vector<torch::Tensor>, std::vector<c10::optional<torch::Tensor>>,
+                          std::vector<torch::Tensor>,
+                          std::vector<c10::optional<torch::Tensor>>>())
+      .def_property_readonly("layers", &DecodeStack::layers)
+      .def("run", &DecodeStack::run,
+           "every layer's decode_step in turn, with one plan's operands per layer");
 }
