@@ -189,6 +189,37 @@ class LayerWeights:
     down: torch.Tensor
     down_bias: torch.Tensor | None
 
+    def attention_input(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """`attention_input` with this layer's weights: qkv with q and k rotated."""
+        return attention_input(
+            hidden, self.input_norm, self.input_eps, self.qkv, self.qkv_bias, cos, sin,
+            self.heads + self.kv_heads, self.head_dim,
+        )
+
+    def attention_output_and_mlp(
+        self, attn: torch.Tensor, residual: torch.Tensor
+    ) -> torch.Tensor:
+        """`attention_output_and_mlp` with this layer's weights."""
+        return attention_output_and_mlp(
+            attn, self.o, self.o_bias, residual, self.post_norm, self.post_eps, self.gate_up,
+            self.gate_up_bias, self.down, self.down_bias,
+        )
+
+    def decode_step(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        plan: PagedDecodePlan, *, reference: bool = False,
+    ) -> torch.Tensor:
+        """`decode_step` with this layer's weights (`decode_step_reference` if `reference`)."""
+        step = decode_step_reference if reference else decode_step
+        return step(
+            hidden, self.input_norm, self.input_eps, self.qkv, self.qkv_bias, cos, sin,
+            self.heads, self.kv_heads, self.head_dim, plan, self.o, self.o_bias,
+            self.post_norm, self.post_eps, self.gate_up, self.gate_up_bias, self.down,
+            self.down_bias,
+        )
+
 
 class DecodeStack:
     """A model's decoder layers for decode steps in one compiled call each (`run`).
@@ -229,9 +260,5 @@ class DecodeStack:
             raise ValueError(f"one plan per layer is needed ({len(self.layers)} layers), "
                              f"got {len(plans)}")
         for w, plan in zip(self.layers, plans, strict=True):
-            hidden = decode_step_reference(
-                hidden, w.input_norm, w.input_eps, w.qkv, w.qkv_bias, cos, sin, w.heads,
-                w.kv_heads, w.head_dim, plan, w.o, w.o_bias, w.post_norm, w.post_eps,
-                w.gate_up, w.gate_up_bias, w.down, w.down_bias,
-            )
+            hidden = w.decode_step(hidden, cos, sin, plan, reference=True)
         return hidden

@@ -187,26 +187,13 @@ class DecoderLayer(nn.Module):
         decode attention is the paged-decode kernel (its `plan`), else two around the
         backend's `forward`. The same kernels in the same order, without a dozen Python steps
         between them."""
-        attn, mlp = self.self_attn, self.mlp
-        input_norm, post_norm = self.input_layernorm, self.post_attention_layernorm
+        weights = self.decode_weights()
         if plan is not None:  # the KV cache holds the model's dtype (checked in the kernel)
-            return decode_layer.decode_step(
-                hidden, input_norm.weight, input_norm.eps, attn.qkv_proj.weight,
-                attn.qkv_proj.bias, cos, sin, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                plan, attn.o_proj.weight, attn.o_proj.bias, post_norm.weight, post_norm.eps,
-                mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, mlp.down_proj.weight,
-                mlp.down_proj.bias,
-            )
-        qkv = decode_layer.attention_input(
-            hidden, input_norm.weight, input_norm.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
-            cos, sin, attn.num_heads + attn.num_kv_heads, attn.head_dim,
-        )
+            return weights.decode_step(hidden, cos, sin, plan)
+        attn = self.self_attn
+        qkv = weights.attention_input(hidden, cos, sin)
         out = attn.attend(*attn.split_qkv(qkv), forward_batch, backend)
-        return decode_layer.attention_output_and_mlp(
-            out, attn.o_proj.weight, attn.o_proj.bias, hidden, post_norm.weight, post_norm.eps,
-            mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, mlp.down_proj.weight,
-            mlp.down_proj.bias,
-        )
+        return weights.attention_output_and_mlp(out, hidden)
 
 
 def _few_rows_apply(hidden: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor) -> bool:
