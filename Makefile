@@ -15,4 +15,5 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy core $(dir $(wildcard plugins/*/plugserve_*/__init__.py))

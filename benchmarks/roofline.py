@@ -75,7 +75,7 @@ def measure_gemv(rows: int, cols: int, dtype: torch.dtype, repeats: int) -> floa
 
 def weight_bytes(model: Any) -> tuple[int, bool]:
     """Bytes a decode step reads from the weights, and whether the matmuls upcast to fp32."""
-    from plugserve.model.layers import upcasts_matmul
+    from plugserve.kernels.packed_linear import upcasts_matmul
 
     embed = model.embed_tokens.weight
     tied = getattr(model, "lm_head", None) is None

@@ -48,7 +48,7 @@ class EngineConfig(BaseSettings):
         default=None, ge=1, description="KV slots per pool (tokens); None = sized from context"
     )
     context_len: int | None = Field(default=None, ge=2, description="max tokens per request")
-    # Hybrid sliding-window models (plugserve.mem.swa_pool): windowed layers' KV in its own pool.
+    # Hybrid sliding-window models (plugserve.pools.swa_pool): windowed layers' KV in its own pool.
     swa_pools: bool = Field(
         default=True,
         description="give a sliding-window model's windowed layers their own KV pool that "

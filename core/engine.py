@@ -15,19 +15,20 @@ from plugserve.attention.base import AttentionContext
 from plugserve.config import EngineConfig
 from plugserve.device import device_problems
 from plugserve.fixes import unknown_reverts
-from plugserve.mem.allocator import ceil_align
 from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
 from plugserve.outputs import GenerateResult, StreamEvent, generate_result
 from plugserve.plugins import PluginHost, load_plugins
+from plugserve.pools.allocator import ceil_align
 from plugserve.registry import validate_config
 from plugserve.request_input import PromptError, token_ids
 from plugserve.runner.model_runner import ModelRunner
 from plugserve.sampling import SamplingParams, is_int
-from plugserve.sched.req import Req
 from plugserve.sched.scheduler import Scheduler
-from plugserve.spec.base import SpecAlgorithm, SpecContext, SpecFootprint
+from plugserve.spec.base import SpecAlgorithm, SpecContext
+from plugserve.structs.req import Req
+from plugserve.structs.spec_footprint import SpecFootprint
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugserve.sched.req import Req
+from plugserve.structs.req import Req
 
 
 @dataclass

@@ -18,7 +18,8 @@ from typing import ClassVar
 
 import torch
 
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.kernels.paged_decode import PagedDecodePlan
+from plugserve.structs.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True)
@@ -31,22 +32,6 @@ class AttentionLayer:
     head_dim: int
     scaling: float
     sliding_window: int | None = None  # attend to at most this many most recent tokens
-
-
-@dataclass(frozen=True)
-class PagedDecodePlan:
-    """One layer's decode attention as plain operands of the CPU paged-decode kernel
-    (`plugserve.kernels.paged_decode`): the new k/v rows go to rows `store_slots` of
-    `k_buffer` / `v_buffer` ([slots, kv_heads, head_dim]), then query row i attends to the keys
-    at `slots[i, first_key[i]:kv_lens[i]]` (int64) with softmax scale `scale`."""
-
-    k_buffer: torch.Tensor
-    v_buffer: torch.Tensor
-    store_slots: torch.Tensor
-    slots: torch.Tensor
-    first_key: torch.Tensor
-    kv_lens: torch.Tensor
-    scale: float
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ token this step writes. Before `init_forward_metadata`, the spec plugin puts in
 
 `DraftKVLists.store(fb)` writes the three keys. `build_draft_kv_lists` builds them from
 `req_to_token` and the row positions of each branch's path; `holey_branch_positions` gives
-those positions for the layout of DESIGN.md §5 (`plugserve.spec.layout.HoleyLayout`: each
+those positions for the layout of DESIGN.md §5 (`plugserve.structs.holey_layout.HoleyLayout`: each
 branch owns whole pages after the prefix's page-aligned base; with page_size 1 branches simply
 follow one another), so a spec plugin that drafts each branch into its own slots needs nothing
 else. A plugin that tracks true ancestor paths (a branch re-parented after re-ranking) passes
@@ -32,8 +32,8 @@ from itertools import accumulate
 
 import torch
 
-from plugserve.runner.forward_batch import ForwardBatch
-from plugserve.spec.layout import HoleyLayout
+from plugserve.structs.forward_batch import ForwardBatch
+from plugserve.structs.holey_layout import HoleyLayout
 
 
 def indptr_from_lengths(lengths: list[int]) -> list[int]:

@@ -22,17 +22,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from plugserve.attention.base import (
-    AttentionBackend,
-    AttentionContext,
-    AttentionLayer,
-    PagedDecodePlan,
-)
+from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
 from plugserve.attention.draft_kv import DraftKVLists
 from plugserve.kernels import paged_decode as paged_decode_kernel
 from plugserve.kernels import prefill_attention as prefill_kernel
-from plugserve.model.layers import upcasts_matmul
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.kernels.packed_linear import upcasts_matmul
+from plugserve.kernels.paged_decode import PagedDecodePlan
+from plugserve.structs.forward_batch import ForwardBatch
 
 
 @dataclass

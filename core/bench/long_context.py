@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from plugserve.bench.runner import derive, new_report
-from plugserve.mem.allocator import ceil_align
+from plugserve.pools.allocator import ceil_align
 
 if TYPE_CHECKING:
     from plugserve.bench.hf import Comparison

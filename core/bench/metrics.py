@@ -21,7 +21,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from plugserve.sched.req import Req
+    from plugserve.structs.req import Req
 
 # Group name -> the raw `step_time_s` keys it sums. `prepare` (building the batch tensors on
 # the host) and `metadata` (the attention backend's per-batch metadata) are both metadata.

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from plugserve.config import EngineConfig
     from plugserve.engine import Engine
     from plugserve.sampling import SamplingParams
-    from plugserve.sched.req import Req
+    from plugserve.structs.req import Req
 
 Prompt = str | list[int]
 WARMUP_TOKENS = 8
@@ -32,6 +32,10 @@ WARMUP_PROMPT_LEN = 16
 
 class BenchError(RuntimeError):
     """A run whose numbers would not be comparable (a rejected or short request)."""
+
+
+class BenchOptionsError(ValueError):
+    """Options a workload cannot run with (a user error: the message says what to change)."""
 
 
 class RequestRejectedError(BenchError):

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugserve.bench.metrics import mean
 from plugserve.bench.runner import (
+    BenchOptionsError,
     Measured,
     RequestRejectedError,
     check_complete,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from plugserve.config import EngineConfig
     from plugserve.engine import Engine
     from plugserve.sampling import SamplingParams
-    from plugserve.sched.req import Req
+    from plugserve.structs.req import Req
 
 NAME = "sessions"
 RUNS = {"sessions": "streaming_session", "resend": "radix"}  # run label -> cache policy
@@ -88,9 +89,7 @@ def engine_configs(base: EngineConfig, options: SessionsOptions) -> dict[str, En
 
 def run(runner: Runner, options: SessionsOptions, comparison: Comparison | None) -> dict[str, Any]:
     if comparison is not None:
-        from plugserve.cli.errors import UsageError
-
-        raise UsageError("bench sessions has no --compare: it compares sessions with re-sending "
+        raise BenchOptionsError("bench sessions has no --compare: it compares sessions with re-sending "
                          "the history itself")
     turns = make_turns(options)
     report = new_report(runner, {

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from plugserve.mem.allocator import PagedAllocator
-from plugserve.mem.req_to_token import ReqToTokenPool
+from plugserve.pools.allocator import PagedAllocator
+from plugserve.pools.req_to_token import ReqToTokenPool
 
 
 @dataclass

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from plugserve.cache.base import MatchResult, PrefixCache
-from plugserve.mem.allocator import PagedAllocator, floor_align
-from plugserve.mem.req_to_token import ReqToTokenPool
+from plugserve.pools.allocator import PagedAllocator, floor_align
+from plugserve.pools.req_to_token import ReqToTokenPool
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 _clock = itertools.count()

@@ -1,7 +1,7 @@
 """`swa_radix` cache policy: the radix tree for hybrid sliding-window models (DESIGN.md §6).
 
 Nodes hold *full* slots, as in `radix`. Each full page of a node may also have a SWA page
-mapped (`plugserve.mem.swa_pool.HybridAllocator`): the windowed layers' KV of those tokens.
+mapped (`plugserve.pools.swa_pool.HybridAllocator`): the windowed layers' KV of those tokens.
 That SWA page can be freed on its own (*tombstoned*: unmapped) while the full slots stay, so
 the tree keeps two sizes per lock state:
 
@@ -28,9 +28,9 @@ import torch
 from plugserve.cache.base import MatchResult
 from plugserve.cache.radix import _EMPTY, RadixCache, RadixNode
 from plugserve.fixes import declare_fix_toggle
-from plugserve.mem.allocator import PagedAllocator, floor_align
-from plugserve.mem.req_to_token import ReqToTokenPool
-from plugserve.mem.swa_pool import HybridAllocator
+from plugserve.pools.allocator import PagedAllocator, floor_align
+from plugserve.pools.req_to_token import ReqToTokenPool
+from plugserve.pools.swa_pool import HybridAllocator
 
 SWA_MATCH_ACROSS_TOMBSTONE = declare_fix_toggle(
     "swa_match_across_tombstone",

@@ -225,7 +225,7 @@ def bench_command(
                 "turn_input_len": turn_input_len, "turn_output_len": turn_output_len,
             }
             serving_values.update(num_seqs=num_seqs, output_len=output_len, seed=seed)
-            from plugserve.bench.serving_cli import run_serving
+            from plugserve.cli.bench_serving import run_serving
 
             run_serving(serving_values, offline, plot, json_out)
             return

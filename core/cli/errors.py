@@ -52,7 +52,7 @@ def _pydantic_issue(error: Any) -> str:
 
 def is_user_error(exc: BaseException) -> bool:
     """Errors whose message already says what was wrong and what is allowed."""
-    from plugserve.bench.runner import RequestRejectedError
+    from plugserve.bench.runner import BenchOptionsError, RequestRejectedError
     from plugserve.model.errors import ModelLoadError
     from plugserve.plugins import PluginError
     from plugserve.registry import RegistryError
@@ -62,6 +62,7 @@ def is_user_error(exc: BaseException) -> bool:
         RegistryError,
         ModelLoadError,
         RequestRejectedError,
+        BenchOptionsError,
         UsageError,
     )
     if isinstance(exc, known):

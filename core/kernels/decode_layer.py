@@ -27,11 +27,11 @@ from types import ModuleType
 
 import torch
 
-from plugserve.attention.base import PagedDecodePlan
 from plugserve.kernels import fused_elementwise as fused
 from plugserve.kernels import paged_decode
 from plugserve.kernels import skinny_linear as skinny
 from plugserve.kernels.build import load_vectorised, vectorised_unavailable_reason
+from plugserve.kernels.paged_decode import PagedDecodePlan
 
 KERNEL = "decode_layer"
 

@@ -126,3 +126,8 @@ def packed(weight: torch.Tensor) -> PackedWeight | None:
     value = per_weight(_packs, weight, pack)
     assert value is None or isinstance(value, PackedWeight)
     return value
+
+
+def upcasts_matmul(weight: torch.Tensor) -> bool:
+    """True when matmuls against `weight` are faster in float32 on this machine."""
+    return weight.dtype in HALF and weight.is_cpu and not half_is_native(weight.dtype)

@@ -11,12 +11,30 @@ lies, once, and computes in float32 as well. The kernel is tested against the re
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from plugserve.kernels.build import load, unavailable_reason
 
 KERNEL = "paged_decode"
+
+
+@dataclass(frozen=True)
+class PagedDecodePlan:
+    """One layer's decode attention as plain operands of the CPU paged-decode kernel
+    (`plugserve.kernels.paged_decode`): the new k/v rows go to rows `store_slots` of
+    `k_buffer` / `v_buffer` ([slots, kv_heads, head_dim]), then query row i attends to the keys
+    at `slots[i, first_key[i]:kv_lens[i]]` (int64) with softmax scale `scale`."""
+
+    k_buffer: torch.Tensor
+    v_buffer: torch.Tensor
+    store_slots: torch.Tensor
+    slots: torch.Tensor
+    first_key: torch.Tensor
+    kv_lens: torch.Tensor
+    scale: float
 
 
 def available() -> bool:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from plugserve.mem.allocator import PagedAllocator, ceil_align
-from plugserve.sched.req import Req
+from plugserve.pools.allocator import PagedAllocator, ceil_align
+from plugserve.structs.req import Req
 
 
 def no_slots() -> int:

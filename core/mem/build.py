@@ -14,13 +14,13 @@ from typing import Any
 import torch
 
 from plugserve.config import EngineConfig
-from plugserve.mem.allocator import PagedAllocator, ceil_align
-from plugserve.mem.kv_pool import KVPool
 from plugserve.mem.manager import KVManager
-from plugserve.mem.req_to_token import ReqToTokenPool
-from plugserve.mem.swa_pool import HybridAllocator, HybridKVPool, swa_pool_pages
 from plugserve.model.arch import ModelArchConfig
-from plugserve.spec.base import SpecFootprint
+from plugserve.pools.allocator import PagedAllocator, ceil_align
+from plugserve.pools.kv_pool import KVPool
+from plugserve.pools.req_to_token import ReqToTokenPool
+from plugserve.pools.swa_pool import HybridAllocator, HybridKVPool, swa_pool_pages
+from plugserve.structs.spec_footprint import SpecFootprint
 
 DEFAULT_KV_BYTES = 2 << 30  # KV pool budget when kv_pool_tokens is not given
 

@@ -26,13 +26,13 @@ import torch
 from plugserve.cache.base import PrefixCache
 from plugserve.fixes import declare_fix_toggle
 from plugserve.mem.accounting import AccountedPool, PoolTerms, no_slots
-from plugserve.mem.allocator import PagedAllocator, ceil_align, floor_align
-from plugserve.mem.req_to_token import ReqToTokenPool
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionStore
-from plugserve.mem.swa_pool import HybridAllocator
 from plugserve.mem.swa_window import SWAWindow
-from plugserve.sched.req import Req
+from plugserve.pools.allocator import PagedAllocator, ceil_align, floor_align
+from plugserve.pools.req_to_token import ReqToTokenPool
+from plugserve.pools.swa_pool import HybridAllocator
+from plugserve.structs.req import Req
 
 FINISH_OVERALLOC_UNALIGNED = declare_fix_toggle(
     "finish_overalloc_unaligned",
@@ -71,7 +71,7 @@ class KVManager:
         )
         self.pools: list[AccountedPool] = [self.full]
         # A hybrid sliding-window model: its windowed layers' KV lives in a second, accounted
-        # pool whose pages map 1:1 onto full pages (plugserve.mem.swa_pool).
+        # pool whose pages map 1:1 onto full pages (plugserve.pools.swa_pool).
         self.swa_window: SWAWindow | None = None
         if isinstance(allocator, HybridAllocator):
             assert sliding_window is not None, "a SWA pool needs the model's window"

@@ -24,9 +24,9 @@ import time
 from typing import TYPE_CHECKING
 
 from plugserve.fixes import declare_fix_toggle
-from plugserve.mem.allocator import ceil_align
 from plugserve.mem.sessions import SessionError, SessionSlot, SessionStore
-from plugserve.sched.req import Req
+from plugserve.pools.allocator import ceil_align
+from plugserve.structs.req import Req
 
 if TYPE_CHECKING:
     from plugserve.mem.manager import KVManager

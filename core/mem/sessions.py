@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugserve.mem.allocator import ceil_align
+from plugserve.pools.allocator import ceil_align
 
 
 class SessionError(ValueError):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from plugserve.fixes import declare_fix_toggle
 from plugserve.mem.manager import KVManager
-from plugserve.sched.req import Req
-from plugserve.spec.base import SpecFootprint
+from plugserve.structs.req import Req
+from plugserve.structs.spec_footprint import SpecFootprint
 
 SPEC_V2_BONUS_PRECLAIM = declare_fix_toggle(
     "spec_v2_bonus_preclaim",

@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from plugserve.fixes import declare_fix_toggle
-from plugserve.mem.allocator import ceil_align, floor_align
-from plugserve.mem.req_to_token import ReqToTokenPool
-from plugserve.mem.swa_pool import HybridAllocator
-from plugserve.sched.req import Req
+from plugserve.pools.allocator import ceil_align, floor_align
+from plugserve.pools.req_to_token import ReqToTokenPool
+from plugserve.pools.swa_pool import HybridAllocator
+from plugserve.structs.req import Req
 
 SWA_UNCACHED_FROM_PROTECTED = declare_fix_toggle(
     "swa_uncached_from_protected",

@@ -20,7 +20,7 @@ from torch import nn
 
 from plugserve.kernels import fused_elementwise as fused
 from plugserve.kernels import skinny_linear as skinny
-from plugserve.kernels.packed_linear import HALF, Derived, half_is_native, packed, per_weight
+from plugserve.kernels.packed_linear import Derived, packed, per_weight, upcasts_matmul
 
 Device = torch.device | str
 
@@ -40,11 +40,6 @@ nn.modules.module.register_module_parameter_registration_hook(_count_registratio
 def parameter_generation() -> int:
     """A number that changes whenever a parameter is assigned to a module."""
     return _parameters_registered
-
-
-def upcasts_matmul(weight: torch.Tensor) -> bool:
-    """True when matmuls against `weight` are faster in float32 on this machine."""
-    return weight.dtype in HALF and weight.is_cpu and not half_is_native(weight.dtype)
 
 
 _fp32_copies: dict[int, Derived] = {}

@@ -24,9 +24,11 @@ from typing import cast
 import torch
 from torch import nn
 
-from plugserve.attention.base import AttentionBackend, AttentionLayer, PagedDecodePlan
+from plugserve.attention.base import AttentionBackend, AttentionLayer
 from plugserve.kernels import decode_layer
 from plugserve.kernels import fused_elementwise as fused
+from plugserve.kernels.packed_linear import upcasts_matmul
+from plugserve.kernels.paged_decode import PagedDecodePlan
 from plugserve.model.arch import ModelArchConfig
 from plugserve.model.layers import (
     Device,
@@ -36,10 +38,9 @@ from plugserve.model.layers import (
     RMSNorm,
     linear,
     parameter_generation,
-    upcasts_matmul,
 )
 from plugserve.model.rope import RotaryEmbedding, apply_rope
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.structs.forward_batch import ForwardBatch
 
 
 @dataclass

@@ -10,47 +10,18 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from plugserve.attention.base import AttentionBackend
-from plugserve.mem.kv_pool import KVPool
-from plugserve.mem.req_to_token import ReqToTokenPool
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
+from plugserve.pools.kv_pool import KVPool
+from plugserve.pools.req_to_token import ReqToTokenPool
 from plugserve.runner.sampler import sample
-from plugserve.sampling import SamplingParams
-from plugserve.sched.batch import ScheduleBatch
-from plugserve.sched.req import Req
 from plugserve.spec.base import SpecAlgorithm
-
-
-@dataclass
-class PreparedStep:
-    reqs: list[Req]
-    sample_mask: list[bool]
-    future_refs: list[int]
-    forward_batch: ForwardBatch
-    sample_rows: list[int]  # index into reqs of each sampled row
-    params: list[SamplingParams]
-    generators: list[torch.Generator | None]
-    want_logprobs: bool
-    spec_decode: bool = False  # a speculative round: the spec algorithm runs it
-
-
-@dataclass
-class StepOutput:
-    next_token_ids: list[int]  # per request in the batch (-1 where nothing was sampled)
-    logprobs: list[float] | None
-    future_refs: list[int]
-    spec_tokens: list[list[int]] | None = None  # speculative round: tokens per request
-    spec_logprobs: list[list[float]] | None = None
-    # Per request in the batch: None = fine, else why no token was sampled for it (its logits
-    # or probabilities were unusable; next_token_ids holds a placeholder id there). The
-    # scheduler finishes such a request with reason "error" and this message. None (the
-    # field) = no request of the step failed.
-    errors: list[str | None] | None = None
+from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
+from plugserve.structs.schedule_batch import ScheduleBatch
+from plugserve.structs.step import PreparedStep, StepOutput
 
 
 class ModelRunner:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from plugserve.runner.forward_batch import ForwardMode
-from plugserve.sched.batch import ScheduleBatch
-from plugserve.sched.req import Req
+from plugserve.structs.forward_batch import ForwardMode
+from plugserve.structs.req import Req
+from plugserve.structs.schedule_batch import ScheduleBatch
 
 if TYPE_CHECKING:
     from plugserve.sched.scheduler import Scheduler

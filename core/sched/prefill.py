@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from plugserve.mem.allocator import floor_align
-from plugserve.runner.forward_batch import ForwardMode
-from plugserve.sched.batch import ScheduleBatch
-from plugserve.sched.req import Req
+from plugserve.pools.allocator import floor_align
+from plugserve.structs.forward_batch import ForwardMode
+from plugserve.structs.req import Req
+from plugserve.structs.schedule_batch import ScheduleBatch
 
 if TYPE_CHECKING:
     from plugserve.sched.scheduler import Scheduler

@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from plugserve.sched.req import Req
 from plugserve.sched.stop import check_stop
+from plugserve.structs.req import Req
 
 if TYPE_CHECKING:
-    from plugserve.runner.model_runner import PreparedStep, StepOutput
     from plugserve.sched.scheduler import Scheduler
+    from plugserve.structs.step import PreparedStep, StepOutput
 
 
 def release_when_done(sched: Scheduler, req: Req) -> None:

@@ -22,17 +22,18 @@ from plugserve.fixes import declare_fix_toggle
 from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.manager import KVManager
 from plugserve.mem.spec_accounting import SpecAccounting
-from plugserve.runner.forward_batch import ForwardMode
-from plugserve.sched.batch import ScheduleBatch
 from plugserve.sched.decode import append_decode, make_room_for_decode, prepare_decode
 from plugserve.sched.prefill import build_prefill_batch
-from plugserve.sched.req import Req
 from plugserve.sched.results import process_result, release_when_done
 from plugserve.sched.spec_decode import prepare_spec_decode
+from plugserve.structs.forward_batch import ForwardMode
+from plugserve.structs.req import Req
+from plugserve.structs.schedule_batch import ScheduleBatch
 
 if TYPE_CHECKING:
-    from plugserve.runner.model_runner import ModelRunner, PreparedStep, StepOutput
+    from plugserve.runner.model_runner import ModelRunner
     from plugserve.spec.base import SpecAlgorithm
+    from plugserve.structs.step import PreparedStep, StepOutput
 
 BATCH_IDENTITY = declare_fix_toggle(
     "batch_identity", "count the running batch by ==, not by identity, next to the last batch"

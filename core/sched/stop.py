@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from plugserve.sched.req import Req
+from plugserve.structs.req import Req
 
 
 def check_stop(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from plugserve.spec.base import SpecAlgorithm, SpecContext, SpecDecodeOutput, SpecFootprint
+from plugserve.spec.base import SpecAlgorithm, SpecContext, SpecDecodeOutput
+from plugserve.structs.spec_footprint import SpecFootprint
 
 __all__ = ["SpecAlgorithm", "SpecContext", "SpecDecodeOutput", "SpecFootprint"]

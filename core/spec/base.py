@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from plugserve.config import EngineConfig
+from plugserve.structs.spec_footprint import SpecFootprint
 
 if TYPE_CHECKING:
     from plugserve.attention.base import AttentionBackend
-    from plugserve.mem.kv_pool import KVPool
-    from plugserve.mem.req_to_token import ReqToTokenPool
     from plugserve.model.arch import ModelArchConfig
-    from plugserve.runner.model_runner import PreparedStep
+    from plugserve.pools.kv_pool import KVPool
+    from plugserve.pools.req_to_token import ReqToTokenPool
+    from plugserve.structs.step import PreparedStep
 
 
 @dataclass
@@ -50,23 +51,6 @@ class SpecContext:
     dtype: torch.dtype
     device: torch.device
     time_s: dict[str, float] = field(default_factory=dict)  # the runner's timing breakdown
-
-
-@dataclass(frozen=True)
-class SpecFootprint:
-    """The KV slots a speculative algorithm needs past a request's committed length."""
-
-    alloc_len_per_decode: int  # slots one round may touch, counted from where it starts
-    # Slots kept allocated past the committed length before each round. Twice a round: under
-    # the overlap loop the round being prepared starts where the round in flight ends.
-    reserve_len: int
-    extra_row_width: int  # req_to_token row width needed beyond the context length
-
-    @classmethod
-    def for_round(cls, alloc_len_per_decode: int, page_size: int) -> SpecFootprint:
-        """The usual footprint: a 2-round reserve, and rows widened by it plus a page."""
-        reserve = 2 * alloc_len_per_decode
-        return cls(alloc_len_per_decode, reserve, reserve + page_size)
 
 
 @dataclass

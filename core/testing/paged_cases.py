@@ -17,9 +17,9 @@ import torch
 from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
 from plugserve.attention.draft_kv import DraftKVLists, build_draft_kv_lists, indptr_from_lengths
 from plugserve.attention.torch_native import TorchNativeBackend
-from plugserve.mem.kv_pool import KVPool
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
-from plugserve.spec.layout import HoleyLayout
+from plugserve.pools.kv_pool import KVPool
+from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
+from plugserve.structs.holey_layout import HoleyLayout
 from plugserve.testing.conformance.paged import fp32_twin
 
 LAYER_ID = 2

@@ -11,7 +11,7 @@ from plugserve_attention_example.backend import ExampleBackend
 from plugserve_attention_example.plugin import CAPABILITIES
 
 from plugserve.hookspecs import hookimpl
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.structs.forward_batch import ForwardBatch
 
 
 class IgnoresPrefixOffset(ExampleBackend):

@@ -14,7 +14,7 @@ import torch
 
 from plugserve.attention.base import AttentionBackend
 from plugserve.attention.torch_native import TorchNativeBackend
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
+from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
 from plugserve.testing.conformance.paged import BatchFactory
 
 PREFIX, NODES, WINDOW, HEADS, DIM = 20, 6, 3, 2, 16

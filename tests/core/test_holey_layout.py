@@ -1,4 +1,4 @@
-"""The holey layout (`plugserve.spec.layout`) against a brute-force statement of DESIGN.md §5.
+"""The holey layout (`plugserve.structs.holey_layout`) against a brute-force statement of DESIGN.md §5.
 
 DESIGN.md §5: with `last = seq_len % page`, `base = seq_len - last` and `n` whole pages per
 branch (enough for any prefix tail plus `num_steps` drafts), branch `t` owns
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from plugserve.attention.draft_kv import holey_branch_positions
-from plugserve.spec.layout import HoleyLayout, branch_stride, pages_per_branch
+from plugserve.structs.holey_layout import HoleyLayout, branch_stride, pages_per_branch
 
 PAGE_SIZES = [1, 4, 16]
 TOPKS = [1, 2, 4]

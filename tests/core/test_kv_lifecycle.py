@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from plugserve.engine import Engine
-from plugserve.mem.allocator import floor_align
-from plugserve.runner.forward_batch import ForwardMode
+from plugserve.pools.allocator import floor_align
 from plugserve.sampling import SamplingParams
+from plugserve.structs.forward_batch import ForwardMode
 from plugserve.testing import EngineTest
 
 

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 import torch
 
-from plugserve.runner.forward_batch import ForwardMode
-from plugserve.runner.model_runner import ModelRunner, PreparedStep
+from plugserve.runner.model_runner import ModelRunner
 from plugserve.runner.sampler import PLACEHOLDER_TOKEN, sample, sampling_probs
 from plugserve.sampling import SamplingParams
+from plugserve.structs.forward_batch import ForwardMode
+from plugserve.structs.step import PreparedStep
 
 VOCAB = 32
 

@@ -11,7 +11,7 @@ import pytest
 
 from plugserve.engine import Engine, StreamEvent
 from plugserve.sampling import SamplingParams
-from plugserve.sched.req import Req
+from plugserve.structs.req import Req
 from plugserve.testing import EngineTest
 
 SP = SamplingParams(max_new_tokens=4, ignore_eos=True)

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from plugserve.attention.base import PagedDecodePlan
 from plugserve.kernels import decode_layer as dl
 from plugserve.kernels import skinny_linear as sk
 from plugserve.kernels.fused_elementwise import rms_norm_reference
+from plugserve.kernels.paged_decode import PagedDecodePlan
 from plugserve.model import load_model
 from plugserve.model.rope import apply_rope
 from tests.model.conftest import PagedRunner, random_prompts, tiny_hf_model

@@ -23,10 +23,10 @@ from tokenizers import decoders, models, pre_tokenizers
 
 from plugserve.attention.base import AttentionContext
 from plugserve.attention.torch_native import TorchNativeBackend
-from plugserve.mem.kv_pool import KVPool
 from plugserve.model.llama import CausalLM, CausalLMOutput
 from plugserve.model.tokenizer import Tokenizer
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
+from plugserve.pools.kv_pool import KVPool
+from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
 
 SPECIAL_TOKENS = ("<s>", "</s>", "<|user|>", "<|assistant|>")
 TINY_VOCAB = 256 + len(SPECIAL_TOKENS)

@@ -8,8 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from plugserve.kernels import packed_linear
+from plugserve.kernels.packed_linear import upcasts_matmul
 from plugserve.model import layers
-from plugserve.model.layers import linear, matmul_weight, upcasts_matmul
+from plugserve.model.layers import linear, matmul_weight
 
 
 def test_fp32_weights_are_used_as_they_are() -> None:
@@ -20,7 +22,7 @@ def test_fp32_weights_are_used_as_they_are() -> None:
 
 def test_half_weight_copy_follows_in_place_writes_and_dies_with_the_weight() -> None:
     mp = pytest.MonkeyPatch()
-    mp.setattr(layers, "half_is_native", lambda dtype: False)
+    mp.setattr(packed_linear, "half_is_native", lambda dtype: False)
     try:
         w = torch.nn.Parameter(torch.randn(5, 3, dtype=torch.bfloat16))
         first = matmul_weight(w)
@@ -44,7 +46,7 @@ def test_half_weight_copy_follows_in_place_writes_and_dies_with_the_weight() -> 
 
 def test_native_half_matmul_keeps_half_weights() -> None:
     mp = pytest.MonkeyPatch()
-    mp.setattr(layers, "half_is_native", lambda dtype: True)
+    mp.setattr(packed_linear, "half_is_native", lambda dtype: True)
     try:
         w = torch.randn(4, 3, dtype=torch.bfloat16)
         assert matmul_weight(w) is w

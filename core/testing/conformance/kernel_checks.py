@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.structs.forward_batch import ForwardBatch
 from plugserve.testing.conformance.paged import BatchFactory
 from plugserve.testing.conformance.reference import (
     TOLERANCES,

@@ -6,7 +6,7 @@ page of that row a random physical page, so a request's slots are contiguous onl
 page. Row entries past a request's length hold real but wrong slots: a backend that reads past
 its lengths gets wrong numbers, not an index error.
 
-Batches follow what the engine sends (`plugserve.runner.forward_batch`): extend (prefill,
+Batches follow what the engine sends (`plugserve.structs.forward_batch`): extend (prefill,
 chunked prefill, mixed), decode, tree verify with a custom mask (positions are the nodes'
 depths past the prefix, as in speculative verify) and topk>1 draft decode in the holey layout
 with per-branch KV lists (`plugserve.attention.draft_kv`).
@@ -21,9 +21,9 @@ import torch
 
 from plugserve.attention.base import AttentionContext, AttentionLayer
 from plugserve.attention.draft_kv import build_draft_kv_lists, holey_branch_positions
-from plugserve.mem.kv_pool import KVPool
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
-from plugserve.spec.layout import HoleyLayout
+from plugserve.pools.kv_pool import KVPool
+from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
+from plugserve.structs.holey_layout import HoleyLayout
 
 LAYER_ID = 3
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from plugserve.attention.base import AttentionBackend
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
+from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
 
 PROBED = (
     "init_forward_metadata", "forward", "forward_extend", "forward_decode", "paged_decode_plan"

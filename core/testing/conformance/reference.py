@@ -24,7 +24,7 @@ import torch
 
 from plugserve.attention.base import AttentionLayer
 from plugserve.attention.draft_kv import DRAFT_KV_INDICES, DRAFT_KV_LENS_CPU
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.structs.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True)

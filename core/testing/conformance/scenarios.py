@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
+from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
 from plugserve.testing.conformance.cases import Shape, pairwise_shapes
 from plugserve.testing.conformance.paged import BatchFactory
 

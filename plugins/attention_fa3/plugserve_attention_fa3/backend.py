@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.structs.forward_batch import ForwardBatch
 from plugserve_attention_fa3.fixes import DRAFT_PAGE_SCATTER, resolve_reverts
 from plugserve_attention_fa3.merge import merge_partial_attention
 from plugserve_attention_fa3.metadata import (

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from plugserve.attention.draft_kv import DRAFT_KV_KEYS, DraftKVLists
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.structs.forward_batch import ForwardBatch
 from plugserve_attention_fa3.page_table import PageTableBuffer
 from plugserve_attention_fa3.pages import (
     PageEntries,

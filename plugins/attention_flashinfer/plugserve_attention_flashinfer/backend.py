@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.structs.forward_batch import ForwardBatch
 from plugserve_attention_flashinfer.buffers import PageIndexBuffer
 from plugserve_attention_flashinfer.fixes import DRAFT_INDICES_TOPK_FACTOR, resolve_reverts
 from plugserve_attention_flashinfer.metadata import (

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from plugserve.attention.draft_kv import DRAFT_KV_KEYS, DraftKVLists
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.structs.forward_batch import ForwardBatch
 from plugserve_attention_flashinfer.buffers import PageIndexBuffer
 from plugserve_attention_flashinfer.pages import (
     PageLists,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.structs.forward_batch import ForwardBatch
 from plugserve.testing.paged_cases import (
     TOLERANCE,
     Cases,

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from plugserve.runner.forward_batch import ForwardBatch
 from plugserve.sampling import SamplingParams
+from plugserve.structs.forward_batch import ForwardBatch
 from plugserve.testing import EngineTest
 from plugserve.testing.paged_cases import (
     TOLERANCE,

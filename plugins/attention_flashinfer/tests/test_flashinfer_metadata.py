@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from plugserve.attention.draft_kv import DraftKVLists
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
+from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
 from plugserve.testing.paged_cases import Cases, Shape
 from plugserve_attention_flashinfer.buffers import IndexBufferOverflow, PageIndexBuffer
 from plugserve_attention_flashinfer.metadata import build_decode_metadata, build_extend_metadata

@@ -15,7 +15,7 @@ import torch
 
 from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
 from plugserve.attention.draft_kv import DRAFT_KV_KEYS, DraftKVLists
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.structs.forward_batch import ForwardBatch
 from plugserve_attention_triton.metadata import (
     TritonAttnMetadata,
     build_decode_metadata,

@@ -32,7 +32,7 @@ from itertools import accumulate, pairwise
 
 import torch
 
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.structs.forward_batch import ForwardBatch
 
 
 @dataclass

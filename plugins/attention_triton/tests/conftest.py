@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 
 from plugserve.attention.base import AttentionLayer  # noqa: E402
 from plugserve.attention.torch_native import TorchNativeBackend  # noqa: E402
-from plugserve.runner.forward_batch import ForwardBatch  # noqa: E402
+from plugserve.structs.forward_batch import ForwardBatch  # noqa: E402
 from plugserve.testing.conformance.paged import BatchFactory, fp32_twin  # noqa: E402
 from plugserve_attention_triton.backend import TritonAttentionBackend  # noqa: E402
 from plugserve_attention_triton.runtime import interpreter_requested  # noqa: E402

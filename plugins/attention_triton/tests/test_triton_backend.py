@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plugserve.runner.forward_batch import ForwardMode
+from plugserve.structs.forward_batch import ForwardMode
 
 KV_HEADS = 2
 HEAD_DIM = 16

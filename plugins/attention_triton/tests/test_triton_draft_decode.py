@@ -12,8 +12,8 @@ import torch
 
 from plugserve.attention.draft_kv import DRAFT_KV_INDICES, DraftKVLists
 from plugserve.attention.torch_native import TorchNativeBackend
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
-from plugserve.spec.layout import pages_per_branch
+from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
+from plugserve.structs.holey_layout import pages_per_branch
 from plugserve_attention_triton.reference import reference_attention
 
 HEAD_DIM = 16

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from plugserve.attention.draft_kv import DraftKVLists
-from plugserve.runner.forward_batch import ForwardMode
+from plugserve.structs.forward_batch import ForwardMode
 from plugserve_attention_triton.reference import reference_attention
 
 pytestmark = pytest.mark.gpu

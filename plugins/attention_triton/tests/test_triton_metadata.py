@@ -10,8 +10,8 @@ from plugserve.attention.draft_kv import (
     build_draft_kv_lists,
     holey_branch_positions,
 )
-from plugserve.runner.forward_batch import ForwardMode
-from plugserve.spec.layout import pages_per_branch
+from plugserve.structs.forward_batch import ForwardMode
+from plugserve.structs.holey_layout import pages_per_branch
 from plugserve_attention_triton.metadata import (
     build_decode_metadata,
     build_extend_metadata,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugserve.mem.swa_pool import HybridAllocator
-from plugserve.sched.req import Req
+from plugserve.pools.swa_pool import HybridAllocator
+from plugserve.structs.req import Req
 from plugserve_checker.errors import KVCorruptionError
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plugserve.sched.req import Req
+from plugserve.structs.req import Req
 
 
 def committed_lag(req: Req) -> int | None:

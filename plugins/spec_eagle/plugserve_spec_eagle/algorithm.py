@@ -21,10 +21,11 @@ from typing import Any
 import torch
 
 from plugserve.config import EngineConfig
-from plugserve.mem.kv_pool import KVPool
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
-from plugserve.runner.model_runner import PreparedStep
-from plugserve.spec.base import SpecAlgorithm, SpecContext, SpecDecodeOutput, SpecFootprint
+from plugserve.pools.kv_pool import KVPool
+from plugserve.spec.base import SpecAlgorithm, SpecContext, SpecDecodeOutput
+from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
+from plugserve.structs.spec_footprint import SpecFootprint
+from plugserve.structs.step import PreparedStep
 from plugserve_spec_eagle.accept import accept_all
 from plugserve_spec_eagle.drafter import CatchUp, Drafter, EagleDrafter
 from plugserve_spec_eagle.footprint import eagle_footprint

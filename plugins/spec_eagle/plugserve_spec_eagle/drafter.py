@@ -13,10 +13,10 @@ from typing import Any, Protocol
 import torch
 
 from plugserve.attention.base import AttentionBackend
-from plugserve.mem.kv_pool import KVPool
-from plugserve.mem.req_to_token import ReqToTokenPool
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
-from plugserve.spec.layout import HoleyLayout
+from plugserve.pools.kv_pool import KVPool
+from plugserve.pools.req_to_token import ReqToTokenPool
+from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
+from plugserve.structs.holey_layout import HoleyLayout
 from plugserve_spec_eagle.lanes import copy_prefix_tail, lane_kv_lists, layout_step, reorder_lanes
 from plugserve_spec_eagle.state import EagleReqState
 from plugserve_spec_eagle.tree import DraftCandidates, DraftTree, chain_tree, select_tree

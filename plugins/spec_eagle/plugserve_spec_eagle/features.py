@@ -15,10 +15,10 @@ import torch
 
 from plugserve.attention.base import AttentionContext
 from plugserve.attention.torch_native import TorchNativeBackend
-from plugserve.mem.kv_pool import KVPool
-from plugserve.mem.req_to_token import ReqToTokenPool
 from plugserve.model.llama import CausalLM
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
+from plugserve.pools.kv_pool import KVPool
+from plugserve.pools.req_to_token import ReqToTokenPool
+from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
 
 
 def pack_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:

@@ -10,8 +10,8 @@ so a round may touch `n * page * topk` slots counted from that base.
 from __future__ import annotations
 
 from plugserve.config import EngineConfig
-from plugserve.spec.base import SpecFootprint
-from plugserve.spec.layout import pages_per_branch
+from plugserve.structs.holey_layout import pages_per_branch
+from plugserve.structs.spec_footprint import SpecFootprint
 
 PAGE_TREE_ROW_WIDEN = "page_tree_row_widen"  # registered in plugin.FIX_TOGGLES
 

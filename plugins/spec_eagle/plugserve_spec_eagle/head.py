@@ -36,7 +36,7 @@ from plugserve.model.errors import ModelLoadError
 from plugserve.model.layers import Device, Linear, linear
 from plugserve.model.llama import CausalLM, DecoderLayer
 from plugserve.model.rope import RotaryEmbedding
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.structs.forward_batch import ForwardBatch
 
 HEAD_MARKER = "eagle"
 CONFIG_FILE = "config.json"

@@ -1,4 +1,4 @@
-"""EAGLE's lanes on top of the core holey layout (`plugserve.spec.layout`, DESIGN.md §5).
+"""EAGLE's lanes on top of the core holey layout (`plugserve.structs.holey_layout`, DESIGN.md §5).
 
 Where each lane (branch) of a round lives in a request's row is the core's `HoleyLayout`:
 with `L` the verified length, `last = L % page` and `base = L - last`, lane t owns row
@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 
 from plugserve.attention.draft_kv import DraftKVLists, indptr_from_lengths
-from plugserve.mem.kv_pool import KVPool
-from plugserve.spec.layout import HoleyLayout
+from plugserve.pools.kv_pool import KVPool
+from plugserve.structs.holey_layout import HoleyLayout
 
 # The EAGLE algorithm builds `LaneLayout(page_size, num_steps, topk)`: it is the core layout.
 LaneLayout = HoleyLayout

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from plugserve.mem.kv_pool import KVPool
+from plugserve.pools.kv_pool import KVPool
 from plugserve_spec_eagle.drafter import CatchUp
 from plugserve_spec_eagle.state import EagleReqState
 from plugserve_spec_eagle.tree import DraftCandidates, DraftTree, chain_tree, select_tree

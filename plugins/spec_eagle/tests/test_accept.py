@@ -23,7 +23,7 @@ import torch
 
 from conftest import MAX_NEW, NUM_STEPS, PROMPTS
 from plugserve.engine import Engine
-from plugserve.mem.kv_pool import KVPool
+from plugserve.pools.kv_pool import KVPool
 from plugserve.runner.sampler import sampling_probs
 from plugserve.sampling import SamplingParams
 from plugserve.testing import EngineTest

@@ -12,10 +12,10 @@ import torch
 
 from plugserve.attention.base import AttentionContext
 from plugserve.attention.torch_native import TorchNativeBackend
-from plugserve.mem.kv_pool import KVPool
 from plugserve.model import load_model
 from plugserve.model.llama import CausalLM
-from plugserve.runner.forward_batch import ForwardBatch, ForwardMode
+from plugserve.pools.kv_pool import KVPool
+from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
 from plugserve_spec_eagle.features import pack_batches, target_hidden_states
 from plugserve_spec_eagle.head import (
     EagleHead,

@@ -18,7 +18,7 @@ import torch
 
 from plugserve.attention.base import AttentionBackend, AttentionLayer
 from plugserve.attention.draft_kv import DraftKVLists
-from plugserve.runner.forward_batch import ForwardBatch
+from plugserve.structs.forward_batch import ForwardBatch
 
 
 @dataclass

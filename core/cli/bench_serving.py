@@ -1,6 +1,6 @@
 """`plugserve bench serving`: options checked, the benchmark run, the report printed.
 
-Kept apart from `plugserve.cli.bench` (the offline workloads); the command hands over here
+Kept apart from `plugserve.cli.bench` (the offline workloads); that command hands over here
 when the workload is `serving`.
 """
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from plugserve.mem.allocator import PagedAllocator, ceil_align
-from plugserve.mem.kv_pool import KVPool
+from plugserve.pools.allocator import PagedAllocator, ceil_align
+from plugserve.pools.kv_pool import KVPool
 
 if TYPE_CHECKING:
     from plugserve.config import EngineConfig

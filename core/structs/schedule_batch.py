@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from plugserve.runner.forward_batch import ForwardMode
-from plugserve.sched.req import Req
+from plugserve.structs.forward_batch import ForwardMode
+from plugserve.structs.req import Req
 
 
 @dataclass(eq=False)

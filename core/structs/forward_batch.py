@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from plugserve.mem.kv_pool import KVPool
+    from plugserve.pools.kv_pool import KVPool
 
 
 class ForwardMode(enum.Enum):
