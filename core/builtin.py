@@ -1,4 +1,5 @@
-"""Built-in plugin: the reference attention backend and the core cache policies.
+"""Built-in plugin: the reference attention backend, the core cache policies and the core's
+fix toggles.
 
 Registered through exactly the same hooks as external plugins; it is essential and cannot be
 disabled.
@@ -14,6 +15,7 @@ from plugserve.registry import (
     CachePolicyCapabilities,
     RegisterAttentionBackend,
     RegisterCachePolicy,
+    RegisterFixToggle,
     RegisterSpecAlgorithm,
     SpecCapabilities,
 )
@@ -96,3 +98,21 @@ def plugserve_register_spec_algorithms(register: RegisterSpecAlgorithm) -> None:
         SpecCapabilities(topk_gt1=False),
         description="no speculative decoding",
     )
+
+
+@hookimpl
+def plugserve_register_fix_toggles(register: RegisterFixToggle) -> None:
+    # Each toggle is defined next to the rule it reverts.
+    from plugserve.cache.swa_radix import SWA_MATCH_ACROSS_TOMBSTONE
+    from plugserve.mem.manager import FINISH_OVERALLOC_UNALIGNED, RETRACT_NO_RESET
+    from plugserve.mem.session_kv import SESSION_DOUBLE_COUNT, SESSION_RETRACT_TAIL_LEAK
+    from plugserve.mem.spec_accounting import SPEC_V2_BONUS_PRECLAIM
+    from plugserve.mem.swa_window import SWA_EVICT_PARTIAL_PAGE, SWA_UNCACHED_FROM_PROTECTED
+    from plugserve.sched.scheduler import BATCH_IDENTITY
+
+    for toggle in (
+        BATCH_IDENTITY, FINISH_OVERALLOC_UNALIGNED, RETRACT_NO_RESET, SPEC_V2_BONUS_PRECLAIM,
+        SESSION_DOUBLE_COUNT, SESSION_RETRACT_TAIL_LEAK, SWA_UNCACHED_FROM_PROTECTED,
+        SWA_EVICT_PARTIAL_PAGE, SWA_MATCH_ACROSS_TOMBSTONE,
+    ):
+        register(toggle, toggle.description)

@@ -10,7 +10,6 @@ from typing import Any
 import pluggy
 import torch
 
-import plugserve.cache.swa_radix  # noqa: F401  (declares its fix toggle before start-up checks)
 from plugserve.attention.base import AttentionContext
 from plugserve.config import EngineConfig
 from plugserve.device import device_problems
@@ -67,7 +66,7 @@ class Engine:
         self.config = config
         self.host: PluginHost = load_plugins(plugins, allowlist=config.plugins)
         reasons = validate_config(config, self.host.registries)
-        reasons += unknown_reverts(config.revert_fixes)
+        reasons += unknown_reverts(config.revert_fixes, self.host.fix_toggles)
         reasons += device_problems(config.device)
         _refuse(reasons)
         torch.manual_seed(config.seed)

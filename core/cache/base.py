@@ -75,6 +75,11 @@ class PrefixCache(ABC):
         them protects); a policy that keeps nothing returns 0."""
         return 0
 
+    def swa_path_size(self, nodes: list[Any]) -> int:
+        """Sliding-window-pool slots still mapped on the union of the paths from the root to
+        `nodes` (what locking them protects in the SWA pool); 0 without a SWA pool."""
+        return 0
+
     def cached_slots(self) -> list[torch.Tensor]:
         """Every slot the cache holds (for physical checks); a policy that keeps nothing
         returns []."""

@@ -97,5 +97,7 @@ def build_kv_memory(
         sessions=cache_entry.capabilities.sessions,
         revert_fixes=cfg.revert_fixes,
         sliding_window=window if swa_layer_ids else None,
+        spec_reserve_len=footprint.reserve_len if footprint is not None else None,
+        overlap=cfg.overlap,
     )
     return KVMemory(kv, kv_pool, num_pages, list(swa_layer_ids))

@@ -10,15 +10,14 @@ def assert_memory_whole(engine: Any) -> None:
     session, nothing is locked but open sessions' prefixes, no page is free twice, and every
     request row is free (or session-held)."""
     kv = engine.kv
-    # Open streaming sessions keep their first turn's cached prefix locked between turns.
-    session_locked = kv.sessions.locked_prefix_slots() if kv.sessions is not None else 0
     for pool in kv.pools:
         terms = pool.terms([])
-        if pool.name == "full" or session_locked == 0:
-            assert terms.protected == session_locked, (
-                f"idle but {terms.protected} slots of pool {pool.name!r} are still locked by "
-                f"the cache ({session_locked} by open sessions)"
-            )
+        # Open streaming sessions keep their first turn's cached prefix locked between turns.
+        session_locked = kv.session_locked_slots(pool.name)
+        assert terms.protected == session_locked, (
+            f"idle but {terms.protected} slots of pool {pool.name!r} are still locked by "
+            f"the cache ({session_locked} by open sessions)"
+        )
         assert terms.balance == 0, f"KV leak at idle: {terms.describe()}"
         free_pages = pool.allocator.free_pages
         assert len(free_pages) == len(set(free_pages)), (
