@@ -49,6 +49,9 @@ class BackendCapabilities:
     custom_mask: bool = True  # speculative verify with a tree mask
     topk_gt1: bool = True  # topk>1 tree drafting at page_size 1
     sliding_window: bool = True
+    # Runs on one tensor-parallel rank's heads (AttentionContext and AttentionLayer carry the
+    # rank's head counts); tp_size > 1 is refused for a backend without it.
+    tensor_parallel: bool = False
     notes: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, object]:
@@ -59,12 +62,14 @@ class BackendCapabilities:
             "custom_mask": self.custom_mask,
             "topk>1": self.topk_gt1,
             "sliding_window": self.sliding_window,
+            "tensor_parallel": self.tensor_parallel,
         }
 
 
 @dataclass(frozen=True)
 class AttentionContext:
-    """Fixed facts about the engine a backend may size its buffers from."""
+    """Fixed facts about the engine a backend may size its buffers from. Under tensor
+    parallelism the head counts are this rank's (`num_heads / tp_size`, and its KV heads)."""
 
     num_heads: int
     num_kv_heads: int

@@ -17,7 +17,7 @@ import torch
 from plugserve.attention.base import AttentionBackend
 from plugserve.pools.kv_pool import KVPool
 from plugserve.pools.req_to_token import ReqToTokenPool
-from plugserve.runner.sampler import sample
+from plugserve.runner.sampler import Sampled, sample
 from plugserve.spec.base import SpecAlgorithm
 from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
 from plugserve.structs.schedule_batch import ScheduleBatch
@@ -100,6 +100,10 @@ class ModelRunner:
         self.time_s["prepare"] += time.perf_counter() - t0
         return step
 
+    def sample(self, logits: torch.Tensor, step: PreparedStep) -> Sampled:
+        """The tokens of the sampled rows (a tensor-parallel runner makes them rank 0's)."""
+        return sample(logits, step.params, step.generators, step.want_logprobs)
+
     def run(self, step: PreparedStep) -> StepOutput:
         if step.spec_decode:
             assert self.spec is not None
@@ -121,7 +125,7 @@ class ModelRunner:
         logprobs_all: list[float] | None = None
         errors: list[str | None] | None = None
         if step.sample_rows:
-            sampled = sample(out.logits, step.params, step.generators, step.want_logprobs)
+            sampled = self.sample(out.logits, step)
             logprobs = sampled.logprobs
             if sampled.any_error:
                 errors = [None] * len(step.reqs)
