@@ -174,6 +174,8 @@ class Engine:
         )
         if self.tp is not None and TP_RANK1_SKIPS_FREE in cfg.revert_fixes and self.tp.rank == 1:
             skip_one_free(self.kv.allocator)
+        if self.tp is not None:
+            self.tp.wait_for_all_built()
         self.hook_pm.hook.plugserve_engine_configured(config=cfg, scheduler=self.scheduler)
         self._rids = itertools.count()
         self._closed = False

@@ -29,8 +29,10 @@ from plugserve.cli.options import (
     ModelOpt,
     PageSizeOpt,
     PluginOpt,
+    TpOpt,
     checked_plugin_host,
     engine_config,
+    followed_rank_0,
 )
 
 if TYPE_CHECKING:
@@ -214,6 +216,7 @@ def chat_command(
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    tp: TpOpt = None,
     log_level: LogLevelOpt = "WARNING",
     debug: DebugOpt = False,
 ) -> None:
@@ -238,7 +241,7 @@ def chat_command(
 
         config = engine_config(model=model, attention=attention, cache=cache or DEFAULT_CACHE,
                                page_size=page_size, dtype=dtype, device=device,
-                               mem_check=mem_check)
+                               mem_check=mem_check, tp_size=tp)
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []
             host = checked_plugin_host(options, config, debug)
@@ -256,6 +259,8 @@ def chat_command(
             problems = sampling.problems(vocab_size=sys.maxsize)
             if problems:
                 raise UsageError("invalid sampling options: " + "; ".join(problems))
+            if followed_rank_0(config, options):  # torchrun's rank > 0: no terminal of its own
+                return
             run_chat(config, options, sampling, system)
 
 

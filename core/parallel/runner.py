@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from plugserve.kernels import row_argmax
 from plugserve.model.tp_shard import ModelShard
 from plugserve.runner.model_runner import ModelRunner
 from plugserve.runner.sampler import Sampled
@@ -28,6 +29,10 @@ class TPModelRunner(ModelRunner):
     def __init__(self, *args: Any, shard: ModelShard, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.shard = shard
+        # Only rank 0 samples: load the sampler's kernel now, on every rank, so that its
+        # first-use compile never keeps the others waiting in a collective.
+        if self.device.type == "cpu":
+            row_argmax.available()
 
     def sample(self, logits: torch.Tensor, step: PreparedStep) -> Sampled:
         rows = len(step.sample_rows)

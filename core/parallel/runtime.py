@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("plugserve.parallel")
 
 NO_TIMEOUT = timedelta(days=3650)  # a follower waits for rank 0's next command this long
+# Start-up (importing, reading the configuration, loading a shard) may take much longer than a
+# step; a rank that dies meanwhile is seen at once (its exit, or its closed connection).
+START_TIMEOUT_S = 600.0
 READY_POLL_S = 0.1
 CLOSE_GRACE_S = 10.0
 
@@ -81,7 +84,7 @@ class TensorParallel:
             raise TensorParallelStartError(
                 "tensor parallelism cannot run this configuration:\n"
                 + "\n".join(f"  - {p}" for p in problems))
-        timeout = timedelta(seconds=config.tp_timeout_s)
+        timeout = timedelta(seconds=max(config.tp_timeout_s, START_TIMEOUT_S))
         children = watch = None
         if place.spawned:  # a child rank 0 started: it says it is ready, then joins
             assert place.master_port is not None
@@ -98,12 +101,12 @@ class TensorParallel:
             dist.init_process_group("gloo", init_method="env://", rank=place.rank,
                                     world_size=place.world_size, timeout=timeout)
         else:
-            store = launch.master_store(place, place.world_size, config.tp_timeout_s)
+            store = launch.master_store(place, place.world_size, timeout.total_seconds())
             children = launch.spawn_ranks(engine_cls, config, plugins, place.master_addr,
                                           store.port, place.world_size)
             watch = launch.ChildWatch(children)
             try:
-                _wait_until_ready(store, watch, place.world_size, config.tp_timeout_s)
+                _wait_until_ready(store, watch, place.world_size, timeout.total_seconds())
                 dist.init_process_group("gloo", store=store, rank=0,
                                         world_size=place.world_size, timeout=timeout)
             except BaseException:
@@ -132,6 +135,16 @@ class TensorParallel:
         """Rank 0: a change of the scheduler's work made outside a step (a request queued or
         aborted, a session opened or closed); the followers make it before the next step."""
         self.channel.pending.append(command)
+
+    def wait_for_all_built(self) -> None:
+        """Every rank has its shard and its KV memory (however long loading took): from here
+        on the ranks step together and a late one is a hung one."""
+        try:
+            dist.barrier(group=self.command_group)
+        except RuntimeError as exc:
+            raise self.fail(CollectiveError(
+                f"waiting for the tensor-parallel ranks to load failed on rank {self.rank}: "
+                f"{str(exc).splitlines()[0]}")) from exc
 
     def problem(self) -> str | None:
         """Why this engine cannot serve any more because of another rank (None: all up)."""
@@ -211,8 +224,7 @@ def _wait_until_ready(store: Any, watch: launch.ChildWatch, world_size: int,
             raise TensorParallelStartError(watch.problem)
         if time.monotonic() > deadline:
             raise TensorParallelStartError(
-                f"the tensor-parallel ranks did not start within tp_timeout_s="
-                f"{timeout_s:g} s")
+                f"the tensor-parallel ranks did not start within {timeout_s:g} s")
         time.sleep(READY_POLL_S)
 
 

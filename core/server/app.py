@@ -106,8 +106,10 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        rank_problem = loop.engine.rank_problem()  # a tensor-parallel rank that died
+        alive = loop.alive and rank_problem is None
         document = {
-            "status": "ok" if loop.alive else "unavailable",
+            "status": "ok" if alive else "unavailable",
             "model": model_id,
             "running": loop.running(),
             "waiting": loop.waiting(),
@@ -115,8 +117,9 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
             "memory_whole_at_idle": loop.idle_memory_problem is None,
             "memory_problem": loop.idle_memory_problem,
             "engine_error": None if loop.failure is None else type(loop.failure).__name__,
+            "rank_problem": rank_problem,
         }
-        return JSONResponse(document, status_code=200 if loop.alive else 503)
+        return JSONResponse(document, status_code=200 if alive else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
