@@ -199,7 +199,7 @@ def gguf_slice_problem(name: str, tensor_type: Any, cols: int, start: int, stop:
             "unquantized (F32/F16/BF16) or safetensors model")
 
 
-def _dequantize_slice(t: Any, target: ShardTarget, name: str) -> torch.Tensor:
+def _dequantize_slice(t: Any, target: ShardTarget, source: str) -> torch.Tensor:
     """This rank's slice of a GGUF tensor as float32 in torch layout; only that slice of the
     raw data is dequantized."""
     data = t.data
@@ -207,9 +207,9 @@ def _dequantize_slice(t: Any, target: ShardTarget, name: str) -> torch.Tensor:
         data = data[target.start : target.stop]
     elif target.dim == 1:
         cols = int(t.shape[0])  # GGUF's first dimension is the row length
-        problem = gguf_slice_problem(name, t.tensor_type, cols, target.start, target.stop)
+        problem = gguf_slice_problem(t.name, t.tensor_type, cols, target.start, target.stop)
         if problem is not None:
-            raise ModelLoadError(problem)
+            raise ModelLoadError(f"{source}: {problem}")
         block, type_size = gguf.GGML_QUANT_SIZES[t.tensor_type]
         if data.dtype != np.uint8:  # unquantized: the reader gives values, not bytes
             data = data[:, target.start : target.stop]
@@ -232,7 +232,7 @@ def _gguf_slices(file: Any, arch: ModelArchConfig,
         target = plan[name]
         shape = tuple(int(n) for n in reversed(t.shape.tolist()))
         _check_full_shape(name, shape, target, params[target.param], source)
-        tensor = _dequantize_slice(t, target, name)
+        tensor = _dequantize_slice(t, target, source)
         kind = t.name.split(".")[2:3]
         if unpermute and kind in (["attn_q"], ["attn_k"]):  # whole heads: undo per head
             tensor = undo_rope_permutation(tensor, tensor.shape[0] // arch.head_dim)

@@ -42,7 +42,7 @@ class LeaderScheduler(Scheduler):
 
     def close(self) -> None:
         super().close()
-        if self.tp.problem() is None:
+        if not self.tp.closed and self.tp.problem() is None:
             try:
                 self.tp.channel.send(CLOSE)
             except RuntimeError:

@@ -146,6 +146,11 @@ class TensorParallel:
                 f"waiting for the tensor-parallel ranks to load failed on rank {self.rank}: "
                 f"{str(exc).splitlines()[0]}")) from exc
 
+    @property
+    def closed(self) -> bool:
+        """The process groups are gone (closed, or abandoned after a failure)."""
+        return self._closed
+
     def problem(self) -> str | None:
         """Why this engine cannot serve any more because of another rank (None: all up)."""
         return None if self.watch is None else self.watch.problem
