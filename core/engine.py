@@ -440,6 +440,8 @@ class Engine:
         out["cache_evictable_slots"] = full.evictable_size()
         out["cache_protected_slots"] = full.protected_size()
         out["kv_pools"] = {t.pool: vars(t) for t in self.scheduler.kv_terms()}
+        if self.tp is not None:
+            out["tensor_parallel"] = self.tp.stats()
         for checker in self.checkers:
             if hasattr(checker, "counters"):
                 out.setdefault("checker", {}).update(checker.counters())

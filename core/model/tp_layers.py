@@ -90,14 +90,14 @@ class TPCausalLM(CausalLM):
         self.arch = arch
         self.local_arch = local
         self.shard = shard
-        self.embed_tokens = VocabParallelEmbedding(  # type: ignore[assignment]
+        self.embed_tokens = VocabParallelEmbedding(
             shard, arch.hidden_size, dtype=dtype, device=device)
         for layer in self.decoder_layers:
             attn, mlp = layer.self_attn, layer.mlp
-            attn.o_proj = RowParallelLinear(  # type: ignore[assignment]
+            attn.o_proj = RowParallelLinear(
                 local.q_size, arch.hidden_size, bias=arch.attention_out_bias, dtype=dtype,
                 device=device, shard=shard)
-            mlp.down_proj = RowParallelLinear(  # type: ignore[assignment]
+            mlp.down_proj = RowParallelLinear(
                 local.intermediate_size, arch.hidden_size, bias=arch.mlp_bias, dtype=dtype,
                 device=device, shard=shard)
             layer.has_llama_form = False  # the compiled layer has no all-reduce in it

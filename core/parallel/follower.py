@@ -84,5 +84,7 @@ def apply(engine: Any, command: tuple[Any, ...]) -> None:
                                f"{opened!r}: the ranks' session stores differ")
     elif kind == "close_session":
         engine.kv.sessions.close(args[0])
+    elif kind == "reset_cache":
+        engine.kv.cache.reset()
     else:
         raise RuntimeError(f"unknown command {kind!r} from rank 0")

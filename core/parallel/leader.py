@@ -4,8 +4,8 @@ Every rank runs an identical scheduler and KV manager on the same requests (SGLa
 docs/architecture.md), so every rank makes the same decisions on the same slot indices. Rank 0
 is the one that takes requests: before each `step`, `settle_idle` and `close` it sends the
 followers what changed since the last call (`CommandChannel`) and which call follows. Aborts
-are recorded here; the engine records queued requests and session changes
-(`TensorParallel.record`).
+and prefix-cache flushes are recorded here; the engine records queued requests and session
+changes (`TensorParallel.record`).
 
 A step that fails here ends the other ranks and raises the error (naming the rank that went
 away when a collective failed).
@@ -27,6 +27,15 @@ class LeaderScheduler(Scheduler):
     def __init__(self, *args: Any, tp: TensorParallel, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.tp = tp
+        # Flushing the prefix cache (idle, e.g. before a benchmark's timed run) frees KV
+        # outside a step: every rank flushes.
+        reset = self.kv.cache.reset
+
+        def reset_on_every_rank() -> None:
+            tp.record(("reset_cache",))
+            reset()
+
+        self.kv.cache.reset = reset_on_every_rank
 
     def abort(self, rid: int) -> bool:
         self.tp.record(("abort", rid))

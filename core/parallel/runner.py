@@ -6,8 +6,6 @@ machines, or with kernels that round differently, that is a hope, not a guarante
 different token would make the ranks' schedules, KV and accounting drift apart. So rank 0
 samples and broadcasts its token ids (and which rows failed) on the model group: one small
 int64 tensor per forward, cheap next to the all-reduces, and the followers skip the sampler.
-
-`time_s["collectives"]` adds up the seconds the forwards spent in collectives.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from plugserve.kernels import row_argmax
 from plugserve.model.tp_shard import ModelShard
 from plugserve.runner.model_runner import ModelRunner
 from plugserve.runner.sampler import Sampled
-from plugserve.structs.step import PreparedStep, StepOutput
+from plugserve.structs.step import PreparedStep
 
 FOLLOWER_SAMPLE_ERROR = "rank 0 could not sample a token for this request"
 
@@ -47,10 +45,3 @@ class TPModelRunner(ModelRunner):
             return sampled
         ids, failed = message.tolist()
         return Sampled(ids, None, [FOLLOWER_SAMPLE_ERROR if f else None for f in failed])
-
-    def run(self, step: PreparedStep) -> StepOutput:
-        t0 = self.shard.comm_s
-        try:
-            return super().run(step)
-        finally:
-            self.time_s["collectives"] += self.shard.comm_s - t0

@@ -12,7 +12,7 @@ threads on one group would interleave (gloo pairs them by order), so each thread
 | group | thread | what | timeout |
 |---|---|---|---|
 | model | forward (worker under overlap) | all-reduces, logits gather, sampled ids | tp_timeout_s |
-| command | scheduler | rank 0's commands before each step | none (a follower idles there) |
+| command | scheduler | rank 0's commands before each step | rank 0's sends: tp_timeout_s; a follower waits without one (it idles there) |
 | check | scheduler | the cross-rank check of the KV terms | tp_timeout_s |
 
 Stopping: `close()` after rank 0's last command; `fail(exc)` when a step failed (the rank that
@@ -66,7 +66,7 @@ class TensorParallel:
         self.command_group = dist.new_group(backend="gloo", timeout=NO_TIMEOUT)
         self.check_group = dist.new_group(backend="gloo", timeout=timeout)
         self.shard = ModelShard(self.rank, self.world_size, arch, self.model_group)
-        self.channel = CommandChannel(self.command_group, self.rank)
+        self.channel = CommandChannel(self.command_group, self.rank, config.tp_timeout_s)
         self.device = rank_device(config, place)
         self._closed = False
 
@@ -145,6 +145,12 @@ class TensorParallel:
             raise self.fail(CollectiveError(
                 f"waiting for the tensor-parallel ranks to load failed on rank {self.rank}: "
                 f"{str(exc).splitlines()[0]}")) from exc
+
+    def stats(self) -> dict[str, Any]:
+        """This rank's place and the seconds its forwards spent in the model's collectives
+        (all-reduces, gathers, broadcasts: the waits for the other ranks included)."""
+        return {"rank": self.rank, "world_size": self.world_size, "backend": self.backend,
+                "collectives_s": self.shard.comm_s}
 
     @property
     def closed(self) -> bool:

@@ -3,11 +3,15 @@
 `no_rank_left_behind` (autouse) compares this process's descendants before and after each
 test: a rank (or anything else) still alive is killed and fails the test. `session_process`
 starts a command line in a process group of its own and ends the group, also when the test
-fails, failing it if anything of the group was still alive.
+fails, failing it if anything of the group was still alive. `bounded_time` (autouse) ends the
+test run with every thread's traceback when one test runs past `TEST_LIMIT_S` (a collective
+that never returns cannot be interrupted from Python; the ranks this process started end when
+it does).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -19,6 +23,17 @@ import pytest
 from plugserve.testing.tiny_models import make_tiny_model_dir
 
 from .procs import descendants, kill_all, kill_group, wait_gone
+
+TEST_LIMIT_S = 420.0
+
+
+@pytest.fixture(autouse=True)
+def bounded_time() -> Iterator[None]:
+    faulthandler.dump_traceback_later(TEST_LIMIT_S, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(autouse=True)

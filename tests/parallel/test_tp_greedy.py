@@ -4,8 +4,8 @@ Each case starts one two-rank engine with the checker at level 1 and physical pa
 every rank (each rank's own checker, plus the cross-rank check of every pool's terms after
 every step and at idle), runs the workload twice (the second round on a warm prefix cache),
 and, for the session cases, a two-turn streaming session. The cases spread the matrix over
-the tiny models (Llama, Qwen2, Qwen2 hybrid sliding window, Mistral, Gemma 3 with its 5:1
-sliding-window layers): page sizes 1 and 16, radix and sessions, the normal and the overlap
+the tiny models (Llama, Qwen2, Qwen2 and Qwen3 hybrid sliding window, Qwen3 with its q/k
+norms, Mistral, Gemma 3 with its 5:1 sliding-window layers): page sizes 1 and 16, radix and sessions, the normal and the overlap
 loop, chunked prefill with a mixed chunk, and retracts on a small pool. Prompts and outputs
 cross the models' 16-24-token windows.
 """
@@ -69,6 +69,8 @@ CASES = [
      {"page_size": 1, "chunked_prefill_size": 16, "cache": "streaming_session"}, True),
     ("qwen2_swa-page16-overlap", "qwen2_swa", "windows", {"page_size": 16, "overlap": True},
      False),
+    ("qwen3_swa-page1-overlap-radix", "qwen3_swa", "windows", {"page_size": 1, "overlap": True},
+     False),
     ("mistral-page1-overlap", "mistral", "windows", {"page_size": 1, "overlap": True}, False),
     ("gemma3-page16-chunk16-sessions", "gemma3", "windows",
      {"page_size": 16, "chunked_prefill_size": 16, "cache": "streaming_session"}, True),
@@ -125,3 +127,22 @@ class TestTensorParallelGreedy(EngineTest):
         engine.close_session(sid)
         engine.scheduler.settle_idle()  # the idle checks (both ranks) with the session closed
         self.assert_idle_memory_whole(engine)
+
+
+def test_the_closeness_rule_can_fail(tp_models: Callable[[str], Path]) -> None:
+    """A token outside transformers' top 5 is a real difference, not a near tie."""
+    import torch
+
+    model_dir = tp_models("llama")
+    prompt = random_prompts(1, VOCAB, 12, 12, seed=4)[0]
+    (expected,) = reference(model_dir, [prompt], [8])
+    assert_greedy_close(model_dir, [prompt], [expected], [expected], "identical")
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        logits = hf(torch.tensor([prompt + expected[:3]])).logits[0, -1]
+    worst = int(logits.argmin())
+    wrong = [*expected[:3], worst, *expected[4:]]
+    with pytest.raises(AssertionError, match="first difference at new token 3"):
+        assert_greedy_close(model_dir, [prompt], [wrong], [expected], "a real difference")

@@ -39,13 +39,13 @@ def test_two_torchrun_launches_serve_a_request(
     torchrun = str(Path(sys.executable).parent / "torchrun")
     launches = []
     for node in range(2):
-        log = (tmp_path / f"node{node}.log").open("wb")
-        launches.append(session_process(
-            [torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-             "--rdzv-endpoint", f"127.0.0.1:{rendezvous}", "--rdzv-id", f"tp-{rendezvous}",
-             "-m", "plugserve", "serve", "--tp", "2", "--model", model,
-             "--port", str(http_port), "--mem-check", "1", "--check-pages"],
-            stdout=log, stderr=subprocess.STDOUT, env={"OMP_NUM_THREADS": "1"}))
+        with (tmp_path / f"node{node}.log").open("wb") as log:  # the launch keeps its copy
+            launches.append(session_process(
+                [torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", f"127.0.0.1:{rendezvous}", "--rdzv-id", f"tp-{rendezvous}",
+                 "-m", "plugserve", "serve", "--tp", "2", "--model", model,
+                 "--port", str(http_port), "--mem-check", "1", "--check-pages"],
+                stdout=log, stderr=subprocess.STDOUT, env={"OMP_NUM_THREADS": "1"}))
     url = f"http://127.0.0.1:{http_port}"
     deadline = time.monotonic() + 180.0
     while True:
