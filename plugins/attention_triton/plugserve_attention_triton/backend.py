@@ -14,13 +14,12 @@ from types import ModuleType
 import torch
 
 from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
-from plugserve.attention.draft_kv import DRAFT_KV_KEYS, DraftKVLists
+from plugserve.attention.paging import decode_slot_lists
 from plugserve.structs.forward_batch import ForwardBatch
 from plugserve_attention_triton.metadata import (
     TritonAttnMetadata,
     build_decode_metadata,
     build_extend_metadata,
-    build_request_decode_metadata,
 )
 from plugserve_attention_triton.runtime import prepare_triton_runtime
 
@@ -82,24 +81,10 @@ class TritonAttentionBackend(AttentionBackend):
         if not fb.mode.is_decode():
             fb.attn_metadata = build_extend_metadata(fb)
             return
-        lists = DraftKVLists.from_batch(fb)
-        if lists is not None:
-            fb.attn_metadata = build_decode_metadata(
-                kv_indptr_cpu=lists.kv_indptr_cpu(),
-                kv_indices=lists.kv_indices,
-                max_kv_splits=self.max_kv_splits,
-                min_tokens_per_split=self.min_tokens_per_split,
-            )
-            return
-        if fb.num_tokens != fb.batch_size:
-            raise ValueError(
-                f"{fb.mode.value} batch has {fb.num_tokens} queries for {fb.batch_size} "
-                "requests: a topk>1 draft decode must give each branch its KV list in "
-                f"forward_batch.extra ({', '.join(DRAFT_KV_KEYS)}); see "
-                "plugserve.attention.draft_kv"
-            )
-        fb.attn_metadata = build_request_decode_metadata(
-            fb, max_kv_splits=self.max_kv_splits, min_tokens_per_split=self.min_tokens_per_split
+        kv_indptr_cpu, kv_indices = decode_slot_lists(fb)  # branch lists or request rows
+        fb.attn_metadata = build_decode_metadata(
+            kv_indptr_cpu=kv_indptr_cpu, kv_indices=kv_indices,
+            max_kv_splits=self.max_kv_splits, min_tokens_per_split=self.min_tokens_per_split,
         )
 
     def forward_extend(
