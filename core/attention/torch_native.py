@@ -54,8 +54,6 @@ class TorchNativeMetadata:
 
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
-    # Reads a windowed layer's KV through `kv_pool.slots_for_layer` (separate SWA pool).
-    swa_slot_translation = True
 
     def __init__(self, ctx: AttentionContext) -> None:
         super().__init__(ctx)

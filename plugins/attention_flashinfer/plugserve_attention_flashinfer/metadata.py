@@ -1,11 +1,13 @@
 """Per-batch FlashInfer metadata, built once per batch in plain torch (no CUDA needed).
 
-Exactly what the wrappers' `plan` takes (int32 device tensors):
+Exactly what the wrappers' `plan` takes (int32 tensors). The offsets and last-page lengths
+stay on the host, where they are built and where `plan` reads them (FlashInfer copies device
+ones back to the host every batch); the page ids are on the device:
 
-- `qo_indptr` `[n + 1]` (prefill only): the q rows of entry i are `qo_indptr[i]:qo_indptr[i+1]`;
-- `kv_indptr` `[n + 1]`: entry i's pages are `kv_indices[kv_indptr[i]:kv_indptr[i+1]]`;
-- `kv_indices`: page ids (slot // page_size), a view of the backend's persistent buffer;
-- `kv_last_page_len` `[n]`: tokens on each entry's last page, 1..page_size;
+- `qo_indptr` `[n + 1]` host (prefill only): entry i's q rows are `qo_indptr[i]:qo_indptr[i+1]`;
+- `kv_indptr` `[n + 1]` host: entry i's pages are `kv_indices[kv_indptr[i]:kv_indptr[i+1]]`;
+- `kv_indices` device: page ids (slot // page_size), a view of the persistent buffer;
+- `kv_last_page_len` `[n]` host: tokens on each entry's last page, 1..page_size;
 - `custom_mask` (prefill only, optional): bool, per entry `[qo_len, kv_len]` row-major,
   concatenated; the same layout as `ForwardBatch.custom_mask`. None = causal, aligned to
   the end of the KV (query r of an entry with `qo_len` queries sits at `kv_len - qo_len + r`).
@@ -70,8 +72,8 @@ class FlashInferMetadata:
         return len(self.kv_lens_cpu)
 
 
-def _int32(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int32).to(device, non_blocking=True)
+def _host_int32(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
 
 
 def _paged(
@@ -82,12 +84,12 @@ def _paged(
     return FlashInferMetadata(
         is_decode=is_decode,
         page_size=pages.page_size,
-        kv_indptr=_int32(pages.page_indptr_cpu, device),
+        kv_indptr=_host_int32(pages.page_indptr_cpu),
         kv_indices=kv_indices,
-        kv_last_page_len=_int32(pages.last_page_lens_cpu, device),
+        kv_last_page_len=_host_int32(pages.last_page_lens_cpu),
         kv_lens_cpu=list(pages.kv_lens_cpu),
         qo_lens_cpu=list(qo_lens),
-        qo_indptr=None if is_decode else _int32(indptr_from_lengths(qo_lens), device),
+        qo_indptr=None if is_decode else _host_int32(indptr_from_lengths(qo_lens)),
         buffer_generation=buffer.generation,
     )
 
