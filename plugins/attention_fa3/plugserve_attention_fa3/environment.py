@@ -52,19 +52,23 @@ def demangle(symbols: Iterable[str]) -> list[str]:
     return out if len(out) == len(names) else names
 
 
-def missing_torch_symbols(extension: Path, torch_lib: Path | None = None) -> list[str]:
-    """torch C++ symbols `extension` needs that the libraries in `torch_lib` (default: the
-    installed torch's) do not export, demangled. CUDA-namespace symbols are not counted
-    when the libraries are a CPU build (no libc10_cuda.so)."""
+def undefined_symbols(extension: Path) -> set[str]:
+    """The dynamic symbols `extension` (a shared library) needs from others, mangled."""
+    return _dynamic_symbols(extension, defined=False)
+
+
+def missing_torch_symbols(needed: Iterable[str], torch_lib: Path | None = None) -> list[str]:
+    """Of the mangled symbols `needed`, the torch C++ ones the libraries in `torch_lib`
+    (default: the installed torch's) do not export, demangled. CUDA-namespace symbols are not
+    counted when the libraries are a CPU build (no libc10_cuda.so)."""
     torch_lib = torch_lib or Path(torch.__file__).parent / "lib"
     exported: set[str] = set()
     for library in sorted(torch_lib.glob("lib*.so*")):
         exported |= _dynamic_symbols(library, defined=True)
     skip_cuda = not any(torch_lib.glob("libc10_cuda.so*"))
-    needed = [s for s in _dynamic_symbols(extension, defined=False)
-              if s.startswith(_TORCH_NAMESPACES)
-              and not (skip_cuda and s.startswith(_CUDA_NAMESPACES))]
-    return sorted(demangle(sorted(s for s in needed if s not in exported)))
+    torch_needed = [s for s in needed if s.startswith(_TORCH_NAMESPACES)
+                    and not (skip_cuda and s.startswith(_CUDA_NAMESPACES))]
+    return sorted(demangle(sorted(s for s in torch_needed if s not in exported)))
 
 
 def sgl_kernel_flash_ops() -> Path | None:
@@ -108,7 +112,7 @@ def fa3_problem() -> str | None:
         return f"no FA3 build is installed: {INSTALL_HINT}"
     if shutil.which("nm") is None:
         return None  # cannot tell; the import will say
-    missing = missing_torch_symbols(flash_ops)
+    missing = missing_torch_symbols(undefined_symbols(flash_ops))
     if missing:
         return symbol_problem_message(missing, installed_version("sgl-kernel"))
     return None
