@@ -7,40 +7,25 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import tempfile
-import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from plugserve.testing.wheels import WheelUnavailable, cached_from_wheel
 from plugserve_attention_fa3 import environment
 from plugserve_attention_fa3.environment import (
     PINNED_SGL_KERNEL,
     SGL_KERNEL_TORCH,
     missing_torch_symbols,
-    undefined_symbols,
 )
 
 
-def _flash_ops_symbols(wheel: zipfile.ZipFile) -> bytes:
-    name = next(n for n in wheel.namelist() if n.startswith("sgl_kernel/flash_ops"))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(wheel.extract(name, tmp))
-        return "\n".join(sorted(undefined_symbols(path))).encode()
-
-
 @pytest.fixture(scope="module")
-def flash_ops_needs() -> list[str]:
+def flash_ops_needs(sgl_kernel_file: Callable[[str], Path]) -> list[str]:
     if shutil.which("nm") is None:
         pytest.skip("nm (binutils) is not installed")
-    try:
-        files = cached_from_wheel("sgl-kernel", PINNED_SGL_KERNEL,
-                                  {"flash_ops.undefined": _flash_ops_symbols})
-    except WheelUnavailable as exc:
-        pytest.skip(str(exc))
-    return files["flash_ops.undefined"].read_text().split()
+    return sgl_kernel_file("flash_ops.undefined").read_text().split()
 
 
 def test_pinned_sgl_kernel_against_this_torch(flash_ops_needs: list[str]) -> None:
