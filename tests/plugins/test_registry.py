@@ -21,7 +21,6 @@ from plugserve.registry import (
     validate_config,
 )
 
-
 # Every capability a backend can declare (the whitelist is no capability).
 FULL = dataclasses.replace(TORCH_NATIVE_CAPABILITIES, devices=frozenset({"cpu"}))
 # The distribution the whitelist names for each whitelisted backend.

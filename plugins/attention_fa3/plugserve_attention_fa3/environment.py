@@ -94,7 +94,7 @@ def symbol_problem_message(missing: list[str], sgl_version: str | None) -> str:
     """One line: what sgl-kernel's flash_ops needs that this torch lacks, and what works."""
     built_for = SGL_KERNEL_TORCH.get(sgl_version or "")
     works = (f"torch=={built_for} with sgl-kernel=={sgl_version}" if built_for
-             else f"the torch this sgl-kernel was built for")
+             else "the torch this sgl-kernel was built for")
     return (f"sgl-kernel {sgl_version or '?'}'s flash_ops cannot load with torch "
             f"{torch.__version__}: it needs {missing[0]}"
             + (f" (and {len(missing) - 1} more torch symbols)" if len(missing) > 1 else "")

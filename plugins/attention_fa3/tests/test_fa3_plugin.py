@@ -15,8 +15,8 @@ from plugserve.attention.capabilities import gpu_verification_note
 from plugserve.attention.whitelist import whitelisted_for_page_tree
 from plugserve.testing.paged_cases import Shape
 from plugserve_attention_fa3 import capabilities, plugin
-from plugserve_attention_fa3.environment import unavailable_reason
 from plugserve_attention_fa3.backend import FA3AttentionBackend
+from plugserve_attention_fa3.environment import unavailable_reason
 from plugserve_attention_fa3.fixes import DRAFT_PAGE_SCATTER
 
 PLUGIN_ROOT = Path(__file__).resolve().parents[1]
