@@ -1,15 +1,13 @@
-"""What the FlashInfer backend supports, as data (light: no flashinfer import).
+"""What the FlashInfer backend supports, as data (light: nothing of FlashInfer is imported).
 
-`VERIFIED_ON` records the last GPU run of the conformance suite that passed; until there is
-one, the first note says so and `plugserve plugins` shows it, so the capabilities below read
-as a claim, not as something proven.
+`VERIFIED_ON` (the first note, `gpu_verification_note`): where a GPU run of the conformance
+suite passed; None until one has.
 """
 
 from __future__ import annotations
 
 from plugserve.attention.capabilities import BackendCapabilities, gpu_verification_note
 
-# None = no GPU run has passed yet. Set it after one, e.g. "H100, 2026-11-23, conformance".
 VERIFIED_ON: str | None = None
 
 CAPABILITIES = BackendCapabilities(
