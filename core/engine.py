@@ -90,10 +90,11 @@ class Engine:
         registries = self.host.registries
         # Now that the model is known: can the selected plugins run its sliding windows? The
         # default cache policy becomes swa_radix for them (radix named explicitly is refused).
+        model_reasons: list[str] = []  # refused with the backend's own reasons, below
         if arch.sliding_window_layer_ids:
             if cfg.cache == "radix" and "cache" not in cfg.model_fields_set:
                 cfg = self.config = cfg.model_copy(update={"cache": "swa_radix"})
-            _refuse(validate_config(cfg, registries, sliding_window=True))
+            model_reasons = validate_config(cfg, registries, sliding_window=True)
         spec_cls = registries.spec.get(cfg.spec).load() if cfg.spec != "none" else None
         footprint: SpecFootprint | None = spec_cls.plan_footprint(cfg) if spec_cls else None
         self.spec_footprint = footprint
@@ -102,13 +103,24 @@ class Engine:
         spec_margin = cfg.spec_steps + 1 if footprint is not None else 0
         self.context_len = min(cfg.context_len or arch.max_position_embeddings,
                                arch.max_position_embeddings - spec_margin)
-        backend_cls = registries.attention.get(cfg.attention).load()
+        attention = registries.attention.get(cfg.attention)
+        backend_cls = attention.load()
+        attention_ctx = AttentionContext(
+            num_heads=arch.num_attention_heads, num_kv_heads=arch.num_key_value_heads,
+            head_dim=arch.head_dim, page_size=cfg.page_size,
+            max_batch_size=cfg.max_running_requests, context_len=self.context_len,
+            dtype=self.dtype, device=self.device, spec_topk=cfg.spec_topk,
+            revert_fixes=cfg.revert_fixes,
+            sliding_windows=tuple(sorted({w for w in arch.layer_sliding_window if w})),
+        )
         self.hook_pm = self._lifecycle_plugins()
         try:
+            # What the backend refuses for this model, before any KV memory is allocated.
+            _refuse(model_reasons + backend_cls.validate(attention_ctx))
             memory = build_kv_memory(
                 cfg, arch, dtype=self.dtype, device=self.device, context_len=self.context_len,
-                backend_cls=backend_cls, cache_entry=registries.cache.get(cfg.cache),
-                footprint=footprint,
+                attention_caps=attention.capabilities,
+                cache_entry=registries.cache.get(cfg.cache), footprint=footprint,
             )
         except KVSizeError as exc:
             _refuse(exc.reasons)
@@ -116,15 +128,7 @@ class Engine:
         self.kv, self.kv_pool = memory.kv, memory.kv_pool
         self.swa_layer_ids = memory.swa_layer_ids
         num_pages, rows = memory.num_pages, memory.kv.rows
-        self.backend = backend_cls(
-            AttentionContext(
-                num_heads=arch.num_attention_heads, num_kv_heads=arch.num_key_value_heads,
-                head_dim=arch.head_dim, page_size=cfg.page_size,
-                max_batch_size=cfg.max_running_requests, context_len=self.context_len,
-                dtype=self.dtype, device=self.device, spec_topk=cfg.spec_topk,
-                revert_fixes=cfg.revert_fixes,
-            )
-        )
+        self.backend = backend_cls(attention_ctx)
         self.runner = ModelRunner(self.model, self.backend, self.kv_pool, rows,
                                   self.context_len, self.device)
         self.spec: SpecAlgorithm | None = None

@@ -11,15 +11,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from plugserve.attention.base import BackendCapabilities
+from plugserve.attention.capabilities import BackendCapabilities
+from plugserve.attention.whitelist import (
+    PAGE_TREE_WHITELIST,
+    page_tree_whitelist_text,
+    whitelisted_for_page_tree,
+)
+
+__all__ = ["PAGE_TREE_WHITELIST", "page_tree_allowed", "page_tree_whitelist_text"]
 
 if TYPE_CHECKING:
     from plugserve.config import EngineConfig
-
-# The one place that says which attention backends may run tree drafting (topk>1) on a paged
-# cache (page_size>1): they can express the per-branch holey layout of DESIGN.md §5. It is not a
-# capability a backend declares; `plugserve plugins` shows it as "page>1+topk>1".
-PAGE_TREE_WHITELIST: tuple[str, ...] = ("torch_native", "triton", "flashinfer", "fa3")
 
 # Built-ins that cannot be disabled with `--plugin no:NAME`: the engine cannot run without them.
 ESSENTIAL_PLUGINS: tuple[str, ...] = ("builtin",)
@@ -69,7 +71,23 @@ class Entry(Generic[T]):
     plugin: str = ""  # plugin (entry point name) that registered it
     distribution: str = ""
     version: str = ""
+    # A cheap probe run by `plugserve plugins` (never at import): None when this machine can
+    # run the entry, else one line saying why not (a missing library, an ABI mismatch, ...).
+    availability: Callable[[], str | None] | None = field(default=None, repr=False)
     _loaded: T | None = field(default=None, repr=False)
+
+    def page_tree_allowed(self) -> bool:
+        """Whether the whitelist lets this attention backend run page_size>1 with topk>1."""
+        return whitelisted_for_page_tree(self.distribution, self.name)
+
+    def unavailable_reason(self) -> str | None:
+        """Why this machine cannot run the entry, in one line (None: nothing known against)."""
+        if self.availability is None:
+            return None
+        try:
+            return self.availability()
+        except Exception as exc:  # a broken probe must not break the listing
+            return f"availability check failed: {type(exc).__name__}: {exc}"
 
     def load(self) -> T:
         """Import and return the registered object (heavy imports happen only here)."""
@@ -93,7 +111,7 @@ class Entry(Generic[T]):
         shown = dict(caps.as_dict()) if hasattr(caps, "as_dict") else dict(caps.__dict__)
         if not isinstance(caps, BackendCapabilities):
             return shown
-        whitelisted = self.name in PAGE_TREE_WHITELIST
+        whitelisted = self.page_tree_allowed()
         out: dict[str, Any] = {}
         for key, value in shown.items():
             out[key] = value
@@ -139,6 +157,11 @@ class Registry(Generic[T]):
         return len(self._entries)
 
 
+def page_tree_allowed(entry: Entry[Any]) -> bool:
+    """Whether the whitelist lets attention backend `entry` run page_size>1 with topk>1."""
+    return entry.page_tree_allowed()
+
+
 def duplicate_message(first: Entry[Any], second: Entry[Any]) -> str:
     return (
         f"{first.kind} {first.name!r} is registered twice: by {first.origin()} and by "
@@ -153,6 +176,7 @@ class RegisterAttentionBackend(Protocol):
         loader: Callable[[], Any],
         capabilities: BackendCapabilities,
         description: str = "",
+        availability: Callable[[], str | None] | None = None,
     ) -> None: ...
 
 
@@ -220,9 +244,10 @@ class Staging:
             return register_without_capabilities
 
         def register(
-            name: str, loader: Callable[[], Any], capabilities: Any = None, description: str = ""
+            name: str, loader: Callable[[], Any], capabilities: Any = None, description: str = "",
+            availability: Callable[[], str | None] | None = None,
         ) -> None:
-            self._add(registry, caps_type, name, loader, capabilities, description)
+            self._add(registry, caps_type, name, loader, capabilities, description, availability)
 
         return register
 
@@ -242,6 +267,7 @@ class Staging:
         loader: Callable[[], Any],
         capabilities: Any,
         description: str,
+        availability: Callable[[], str | None] | None = None,
     ) -> None:
         kind = registry.kind
         if not isinstance(name, str) or not name:
@@ -267,6 +293,7 @@ class Staging:
             plugin=self.plugin,
             distribution=self.distribution,
             version=self.version,
+            availability=availability,
         )
         self.entries.append((registry, entry))
 
@@ -354,11 +381,11 @@ def _attention_reasons(config: EngineConfig, entry: Entry[Any], sliding_window: 
                 f"attention backend {name!r} does not support topk>1 drafting "
                 f"(spec_topk={config.spec_topk})"
             )
-        if config.page_size > 1 and name not in PAGE_TREE_WHITELIST:
+        if config.page_size > 1 and not entry.page_tree_allowed():
             reasons.append(
-                f"attention backend {name!r} may not run page_size>1 "
+                f"attention backend {name!r} ({entry.origin()}) may not run page_size>1 "
                 f"(page_size={config.page_size}) with topk>1 (spec_topk={config.spec_topk}); "
-                f"allowed backends: {', '.join(PAGE_TREE_WHITELIST)}"
+                f"allowed backends: {page_tree_whitelist_text()}"
             )
     return reasons
 
