@@ -20,7 +20,6 @@ from plugserve.mem.sessions import SessionError
 from plugserve.outputs import GenerateResult, StreamEvent, generate_result
 from plugserve.plugins import PluginHost, load_plugins
 from plugserve.pools.allocator import ceil_align
-from plugserve.registry import validate_config
 from plugserve.request_input import PromptError, token_ids
 from plugserve.runner.model_runner import ModelRunner
 from plugserve.sampling import SamplingParams, is_int
@@ -28,6 +27,7 @@ from plugserve.sched.scheduler import Scheduler
 from plugserve.spec.base import SpecAlgorithm, SpecContext
 from plugserve.structs.req import Req
 from plugserve.structs.spec_footprint import SpecFootprint
+from plugserve.validation import validate_config
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -1,6 +1,6 @@
 """What an attention backend supports, as data, and how it says where it was verified.
 
-Every field is a claim the engine trusts at start-up (`plugserve.registry.validate_config`)
+Every field is a claim the engine trusts at start-up (`plugserve.validation.validate_config`)
 and the conformance suite holds the backend to. The defaults claim the minimum (float32 on the
 CPU, pages of 1 token, no tree mask, no topk>1, no sliding window, no slot translation), so a
 capability added later is claimed by no backend that did not declare it.

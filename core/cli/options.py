@@ -75,7 +75,7 @@ def checked_plugin_host(options: list[str], config: EngineConfig, debug: bool) -
     Runs before any model is loaded, so every configuration error costs nothing.
     """
     from plugserve.plugins import load_plugins
-    from plugserve.registry import validate_config
+    from plugserve.validation import validate_config
 
     host = load_plugins(options, allowlist=config.plugins)
     warn_failures(host, debug)

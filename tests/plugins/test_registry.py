@@ -18,8 +18,8 @@ from plugserve.registry import (
     Registry,
     RegistryError,
     SpecCapabilities,
-    validate_config,
 )
+from plugserve.validation import validate_config
 
 # Every capability a backend can declare (the whitelist is no capability).
 FULL = dataclasses.replace(TORCH_NATIVE_CAPABILITIES, devices=frozenset({"cpu"}))
