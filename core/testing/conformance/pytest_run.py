@@ -1,7 +1,7 @@
 """Run one conformance suite module under pytest, in this process, isolated from any project.
 
-`run_module(module, options)` writes a one-line test module (`from <module> import *`) into a
-fresh temporary folder with an empty `pytest.ini`, so no project's configuration or conftest
+`run_module(module, options)` writes a one-line test module (`from <module> import *`, named
+after the module) into a fresh temporary folder with an empty `pytest.ini`, so no project's configuration or conftest
 leaks in, and runs pytest on it with `options` (e.g. `["--cache-policy", "mine"]`). The return
 value is pytest's exit code: 0 when every test passed or was skipped, non-zero on any failure.
 """
@@ -18,7 +18,10 @@ def module_args(folder: Path, module: str, options: Sequence[str], *,
                 keyword: str | None = None, pytest_args: Sequence[str] = ()) -> list[str]:
     """Write the test module into `folder` and return the pytest arguments that run it."""
     (folder / "pytest.ini").write_text("[pytest]\n")
-    (folder / "test_plugserve_conformance.py").write_text(
+    # One file name per suite module: pytest may reuse an imported test module of the same
+    # name when several suites run in one process.
+    name = "test_" + module.replace(".", "_") + ".py"
+    (folder / name).write_text(
         f'"""plugserve conformance suite."""\n\nfrom {module} import *  # noqa: F403\n')
     args = [str(folder), *options, "-p", "no:cacheprovider", "--import-mode=importlib",
             "-rfEsx"]

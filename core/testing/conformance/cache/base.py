@@ -3,16 +3,14 @@ requires, mark the policy's known failures."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
 
 from plugserve.testing.conformance.cache.target import CachePolicyUnderTest, CacheRequirements
 from plugserve.testing.conformance.declared import gate
+from plugserve.testing.conformance.threads import OneCPUThread
 
 
-class CacheConformanceTest:
+class CacheConformanceTest(OneCPUThread):
     """Suite tests get `self.target` (the `CachePolicyUnderTest`). A test needing a declared
     capability says so with `@requires(...)`; when the policy does not declare it the test is
     skipped with the reason. The `cache_target` and `cache_requirements` fixtures come from
@@ -20,15 +18,6 @@ class CacheConformanceTest:
     module)."""
 
     target: CachePolicyUnderTest
-
-    @pytest.fixture(scope="class", autouse=True)
-    @classmethod
-    def _one_cpu_thread(cls) -> Iterator[None]:
-        """Tiny models and data structures: intra-op threads cost more than they save."""
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        yield
-        torch.set_num_threads(before)
 
     @pytest.fixture(autouse=True)
     def _cache_gate(self, request: pytest.FixtureRequest, cache_target: CachePolicyUnderTest,
