@@ -128,7 +128,7 @@ class PrefixCache(ABC):
     # its own ("tombstone") while the full slots stay. The SWA pool's law reads the two sizes
     # below. The defaults are exact for a policy that stores nothing, and for one that never
     # runs with a SWA pool (a policy that does not declare `sliding_window` never does); a
-    # policy that declares it and stores KV must override all four.
+    # policy that declares it and stores KV must override them (swa_radix is the reference).
 
     def set_sliding_window(self, window: int, revert_fixes: frozenset[str]) -> None:
         """Called once at start-up, before any request, when the model has sliding-window
