@@ -36,6 +36,9 @@ class EntryLoadError(RegistryError):
 
 @dataclass(frozen=True)
 class SpecCapabilities:
+    """What a speculative algorithm declares; each one declared is a promise the speculative
+    conformance suite holds it to (docs/spec_algorithms.md)."""
+
     topk_gt1: bool = True  # tree drafting (several branches per draft step)
     overlap: bool = True  # v2: accepted length resolved one step late
     needs_draft_model: bool = False
@@ -49,8 +52,17 @@ class SpecCapabilities:
 
 @dataclass(frozen=True)
 class CachePolicyCapabilities:
+    """What a cache policy declares; each one declared is a promise the cache-policy
+    conformance suite holds it to (docs/cache_policies.md)."""
+
+    # It stores what `insert` gives it and offers it back through `match_prefix`; False: the
+    # KV manager never inserts, every release frees everything, nothing ever matches.
     prefix_sharing: bool = True
+    # It may run a model with sliding-window layers: its SWA side (`swa_*_size`, `evict_swa`)
+    # is exact and its matches stop where the last window's SWA KV is gone.
     sliding_window: bool = False
+    # Streaming sessions may keep their first turn's lock through it between turns:
+    # `path_size` is exact for those locks.
     sessions: bool = False
 
     def as_dict(self) -> dict[str, object]:

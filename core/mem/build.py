@@ -92,7 +92,7 @@ def build_kv_memory(
         allocator = PagedAllocator(num_pages, page)
         kv_pool = KVPool(num_pages=num_pages, layer_ids=layer_ids, **pool_args)
     cache = cache_entry.load()(rows, allocator, page)
-    if window and hasattr(cache, "set_sliding_window"):
+    if window:
         cache.set_sliding_window(window, cfg.revert_fixes)
     kv = KVManager(
         rows=rows, allocator=allocator, cache=cache,

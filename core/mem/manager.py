@@ -90,12 +90,12 @@ class KVManager:
             self.swa_window = SWAWindow(allocator, rows, sliding_window, revert_fixes)
             self.pools.append(AccountedPool(
                 "swa", allocator.swa,
-                getattr(cache, "swa_evictable_size", no_slots),
-                getattr(cache, "swa_protected_size", no_slots),
+                cache.swa_evictable_size,
+                cache.swa_protected_size,
                 req_not_owned_prefix=self.swa_window.not_owned_prefix,
                 session_held=(lambda: store.held_swa_slots(self.page_size)) if store
                 else no_slots,
-                evict=getattr(cache, "evict_swa", self.full.evict),
+                evict=cache.evict_swa,
             ))
         # Speculative decoding: each round keeps `spec_reserve_len` slots allocated past the
         # committed length (the algorithm's footprint); None = no speculation.
