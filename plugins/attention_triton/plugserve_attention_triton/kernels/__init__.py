@@ -11,7 +11,15 @@ from plugserve_attention_triton.runtime import interpreter_requested
 
 INTERPRETED: bool = interpreter_requested()
 
-from plugserve_attention_triton.kernels.decode import decode_attention  # noqa: E402
-from plugserve_attention_triton.kernels.extend import extend_attention  # noqa: E402
+from plugserve_attention_triton.kernels.decode import decode_attention, decode_launches  # noqa: E402
+from plugserve_attention_triton.kernels.extend import extend_attention, extend_launch  # noqa: E402
+from plugserve_attention_triton.kernels.launch import KernelLaunch  # noqa: E402
 
-__all__ = ["INTERPRETED", "decode_attention", "extend_attention"]
+__all__ = [
+    "INTERPRETED",
+    "KernelLaunch",
+    "decode_attention",
+    "decode_launches",
+    "extend_attention",
+    "extend_launch",
+]

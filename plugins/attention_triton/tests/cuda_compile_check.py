@@ -1,0 +1,415 @@
+"""The CUDA compile check: compile, without a GPU, exactly what the Triton backend's launches
+compile for sm_80 and sm_90, and hold every kernel to a register-spill and shared-memory
+budget.
+
+    python plugins/attention_triton/tests/cuda_compile_check.py [--arch 80] [--jobs 2]
+
+For every variant (dtype x head_dim x page size x GQA/MHA x scenario: causal extend, sliding
+window, tree mask, tree mask + window, decode, split decode, windowed decode, topk>1 draft
+decode) it builds a real batch on the CPU (the conformance suite's shuffled paged caches),
+the backend's metadata for it with the backend's CUDA split settings, and the launches the
+kernels' own launchers make for that compute capability (`extend_launch`,
+`decode_launches`). Each launch goes through Triton's own launch path with `warmup=True`
+(`KernelLaunch.compile`): Triton's binder specialises the real arguments (divisibility-by-16
+hints on pointers and integers, integers equal to 1 as constants, constexprs) and compiles
+with its bundled ptxas for a `GPUTarget("cuda", arch, 32)` given by a compile-only driver.
+Launches that specialise alike get the same kernel, so the table has one row per distinct
+kernel and lists the variants that launch it.
+
+Budgets (the run fails on any excess, and on any compiler error):
+- spill stores: none for bf16/fp16, none for fp32 (see `SPILL_STORE_BUDGET_BYTES`);
+- shared memory: the architecture's per-block opt-in limit (`SHARED_LIMIT_BYTES`).
+
+Compiled kernels and their ptxas figures are cached under Triton's cache directory, keyed by
+Triton's own hash of the kernel source, specialisation, options, target and Triton version,
+so a second run compiles nothing that did not change. Exit status: 0 pass, 1 fail, 2 Triton's
+CUDA toolchain cannot run on this host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes"):
+    raise SystemExit("the CUDA compile check needs compiled kernels: unset TRITON_INTERPRET")
+
+_PLUGIN_ROOT = Path(__file__).resolve().parents[1]
+if str(_PLUGIN_ROOT) not in sys.path:
+    sys.path.insert(0, str(_PLUGIN_ROOT))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton import knobs  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+ARCHS = (80, 90)
+DTYPES = ("bfloat16", "float16", "float32")
+HEAD_DIMS = (64, 128, 256)
+PAGE_SIZES = (1, 16)
+# (query heads, KV heads): grouped-query attention (4 query heads per KV head) and MHA.
+HEADS = {"GQA": (8, 2), "MHA": (4, 4)}
+EXTEND_SCENARIOS = ("causal", "window", "tree", "tree+window")
+DECODE_SCENARIOS = ("decode", "split", "window", "split+window", "topk4")
+WINDOW = 48
+
+# Per-block shared memory a kernel may use (cudaDevAttrMaxSharedMemoryPerBlockOptin, which
+# Triton checks at load): A100 163 KiB, H100 227 KiB.
+SHARED_LIMIT_BYTES = {80: 163 * 1024, 90: 227 * 1024}
+# Bytes of spill stores per thread allowed. Zero everywhere: a spill is local memory traffic
+# inside the KV loop. fp32 runs on the FMA units with tiles sized to fit the registers.
+SPILL_STORE_BUDGET_BYTES = {"bfloat16": 0, "float16": 0, "float32": 0}
+
+_PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
+_PTXAS_FRAME = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+@dataclass(frozen=True)
+class Variant:
+    kind: str  # "extend" or "decode"
+    scenario: str
+    dtype: str
+    head_dim: int
+    page_size: int
+    heads: str
+
+    @property
+    def label(self) -> str:
+        return (f"{self.kind} {self.scenario} {self.dtype} d{self.head_dim} "
+                f"p{self.page_size} {self.heads}")
+
+
+def all_variants() -> list[Variant]:
+    return [
+        Variant(kind, scenario, dtype, head_dim, page_size, heads)
+        for kind, scenarios in (("extend", EXTEND_SCENARIOS), ("decode", DECODE_SCENARIOS))
+        for scenario in scenarios
+        for dtype in DTYPES
+        for head_dim in HEAD_DIMS
+        for page_size in PAGE_SIZES
+        for heads in HEADS
+    ]
+
+
+@dataclass
+class CompiledRow:
+    """One launch of one variant for one architecture, and what ptxas made of its kernel."""
+
+    arch: int
+    variant: str
+    kernel: str
+    dtype: str
+    hash: str = ""
+    constexprs: str = ""
+    registers: int = -1
+    spill_stores: int = -1
+    spill_loads: int = -1
+    stack_bytes: int = -1
+    shared_bytes: int = -1
+    num_warps: int = 0
+    num_stages: int = 0
+    compile_s: float = 0.0
+    error: str = ""
+    problems: list[str] = field(default_factory=list)
+
+
+class CompileOnlyDriver:
+    """What Triton's launch path asks the active driver, answered for a target with no
+    device: the target, a device id (the arch, so each target keeps its own binder and kernel
+    cache) and a stream. Nothing is ever loaded or launched through it."""
+
+    def __init__(self, target: GPUTarget) -> None:
+        self.target = target
+
+    def get_current_target(self) -> GPUTarget:
+        return self.target
+
+    def get_current_device(self) -> int:
+        return int(self.target.arch)
+
+    def get_current_stream(self, device: int) -> int:
+        return 0
+
+
+@contextlib.contextmanager
+def compile_only(arch: int) -> Iterator[None]:
+    config = triton.runtime.driver
+    previous = config._active  # None until something asked for a driver
+    config.set_active(CompileOnlyDriver(GPUTarget("cuda", arch, 32)))  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        config._active = previous
+
+
+def ptxas_usable() -> str | None:
+    """None when Triton's bundled ptxas runs here, else why not."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    try:
+        ptxas = get_ptxas(90).path
+        subprocess.run([ptxas, "--version"], check=True, capture_output=True, timeout=60)
+    except Exception as exc:  # any failure means: no toolchain on this host
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+# --- building the launches of a variant ------------------------------------------------------
+
+
+def variant_launches(variant: Variant, arch: int) -> list[tuple[str, object]]:
+    """(kernel role, KernelLaunch) of every launch the backend makes for this variant."""
+    from plugserve.attention.draft_kv import DraftKVLists
+    from plugserve.structs.forward_batch import ForwardMode
+    from plugserve.testing.conformance.paged import BatchFactory
+    from plugserve_attention_triton.backend import (
+        CUDA_MAX_KV_SPLITS,
+        CUDA_MIN_TOKENS_PER_SPLIT,
+    )
+    from plugserve_attention_triton.kernels import decode_launches, extend_launch
+    from plugserve_attention_triton.metadata import (
+        build_decode_metadata,
+        build_extend_metadata,
+        build_request_decode_metadata,
+    )
+
+    dtype = getattr(torch, variant.dtype)
+    num_heads, num_kv_heads = HEADS[variant.heads]
+    factory = BatchFactory(device="cpu", seed=sum(map(ord, variant.label)))
+    shape = dict(page_size=variant.page_size, num_kv_heads=num_kv_heads,
+                 head_dim=variant.head_dim, dtype=dtype)
+    windowed = "window" in variant.scenario
+    if variant.kind == "extend":
+        if variant.scenario.startswith("tree"):
+            fb = factory.extend_batch(prefix_lens=[40, 17], extend_lens=[8, 6], tree_mask=True,
+                                      mode=ForwardMode.TARGET_VERIFY, **shape)
+        else:
+            fb = factory.extend_batch(prefix_lens=[0, 37], extend_lens=[70, 5], **shape)
+        meta = build_extend_metadata(fb)
+    else:
+        if variant.scenario == "topk4":
+            fb, _ = factory.draft_decode_batch(prefix_lens=[5, 40], topk=4, step=1,
+                                               num_steps=3, **shape)
+        else:
+            split = variant.scenario.startswith("split")
+            fb = factory.decode_batch(seq_lens=[300, 2100] if split else [3, 40], **shape)
+        lists = DraftKVLists.from_batch(fb)
+        splits = dict(max_kv_splits=CUDA_MAX_KV_SPLITS,
+                      min_tokens_per_split=CUDA_MIN_TOKENS_PER_SPLIT)
+        meta = (build_decode_metadata(kv_indptr_cpu=lists.kv_indptr_cpu(),
+                                      kv_indices=lists.kv_indices, **splits)
+                if lists is not None else build_request_decode_metadata(fb, **splits))
+    head_dim = variant.head_dim
+    # q as the model hands it over: a view into the qkv projection's output.
+    qkv = factory.randn(fb.num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype)
+    qk = qkv[:, : (num_heads + num_kv_heads) * head_dim].view(
+        fb.num_tokens, num_heads + num_kv_heads, head_dim)
+    q = qk.split([num_heads, num_kv_heads], dim=1)[0]
+    layer_id = fb.kv_pool.layer_ids[0]
+    k_buffer, v_buffer = fb.kv_pool.get_k(layer_id), fb.kv_pool.get_v(layer_id)
+    out = torch.empty_like(q)
+    common = dict(scaling=head_dim**-0.5, sliding_window=WINDOW if windowed else None,
+                  arch=arch)
+    if variant.kind == "extend":
+        return [("extend", extend_launch(q, k_buffer, v_buffer, out, meta, **common))]
+    partial, reduce = decode_launches(q, k_buffer, v_buffer, out, meta, **common)
+    return [("decode_partial", partial), ("decode_reduce", reduce)]
+
+
+# --- compiling ------------------------------------------------------------------------------
+
+
+def _figures_path(kernel_hash: str) -> Path:
+    return Path(knobs.cache.dir) / "plugserve-ptxas" / f"{kernel_hash}.json"
+
+
+def _parse_ptxas(log: str) -> dict[str, int] | None:
+    registers, frame = _PTXAS_REGISTERS.search(log), _PTXAS_FRAME.search(log)
+    if registers is None or frame is None:
+        return None
+    stack, stores, loads = (int(x) for x in frame.groups())
+    return {"registers": int(registers.group(1)), "spill_stores": stores,
+            "spill_loads": loads, "stack_bytes": stack}
+
+
+def _compile_logged(launch: object, *, always: bool) -> tuple[object, str]:
+    log = io.StringIO()
+    with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
+        knobs.nvidia.dump_ptxas_log = True
+        knobs.compilation.always_compile = always
+        kernel = launch.compile()  # type: ignore[attr-defined]
+    return kernel, log.getvalue()
+
+
+def compile_with_figures(
+    launch: object, seen: dict[str, dict[str, int]]
+) -> tuple[object, dict[str, int]]:
+    """Compile through Triton's launch path; ptxas's own report gives the figures. A launch
+    that specialises like an earlier one gets that kernel from Triton's in-process cache
+    (`seen` has its figures); one Triton cached on disk in an earlier run has its figures in
+    our file beside it, and if that is gone it is compiled once more."""
+    kernel, log = _compile_logged(launch, always=False)
+    figures = _parse_ptxas(log)
+    if figures is None:
+        path = _figures_path(kernel.hash)
+        if kernel.hash in seen:
+            return kernel, seen[kernel.hash]
+        if path.exists():
+            figures = json.loads(path.read_text())
+        else:
+            launch.kernel.device_caches.clear()  # type: ignore[attr-defined]
+            kernel, log = _compile_logged(launch, always=True)
+            figures = _parse_ptxas(log)
+            if figures is None:
+                raise RuntimeError(f"ptxas printed no register report:\n{log[-2000:]}")
+    path = _figures_path(kernel.hash)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures))
+    seen[kernel.hash] = figures
+    return kernel, figures
+
+
+def compile_arch(arch: int, variants: list[Variant]) -> list[CompiledRow]:
+    rows: list[CompiledRow] = []
+    seen: dict[str, dict[str, int]] = {}
+    with compile_only(arch):
+        for variant in variants:
+            try:
+                launches = variant_launches(variant, arch)
+            except Exception as exc:
+                rows.append(CompiledRow(arch, variant.label, "?", variant.dtype,
+                                        error=f"building the launch: {type(exc).__name__}: {exc}"))
+                continue
+            for role, launch in launches:
+                row = CompiledRow(arch, variant.label, role, variant.dtype)
+                begin = time.perf_counter()
+                try:
+                    kernel, figures = compile_with_figures(launch, seen)
+                except Exception as exc:  # a compiler error is a result: report, go on
+                    row.error = f"{type(exc).__name__}: {str(exc)[-3000:]}"
+                    rows.append(row)
+                    continue
+                row.compile_s = round(time.perf_counter() - begin, 2)
+                meta = kernel.metadata
+                row.hash = kernel.hash
+                row.constexprs = _constexpr_text(launch)
+                row.shared_bytes = int(meta.shared)
+                row.num_warps, row.num_stages = int(meta.num_warps), int(meta.num_stages)
+                for name, value in figures.items():
+                    setattr(row, name, value)
+                rows.append(row)
+    return rows
+
+
+def _constexpr_text(launch: object) -> str:
+    options = launch.options  # type: ignore[attr-defined]
+    return " ".join(f"{k}={v}" for k, v in options.items())
+
+
+# --- budgets and the table ------------------------------------------------------------------
+
+
+def judge(rows: list[CompiledRow]) -> None:
+    for row in rows:
+        if row.error:
+            row.problems.append(f"compile error: {row.error}")
+            continue
+        budget = SPILL_STORE_BUDGET_BYTES[row.dtype]
+        if row.spill_stores > budget:
+            row.problems.append(f"{row.spill_stores} bytes of spill stores (budget {budget})")
+        limit = SHARED_LIMIT_BYTES[row.arch]
+        if row.shared_bytes > limit:
+            row.problems.append(f"{row.shared_bytes} bytes of shared memory (sm_{row.arch} "
+                                f"allows {limit})")
+
+
+def kernel_table(rows: list[CompiledRow]) -> str:
+    """One line per distinct kernel (arch, hash): its figures and the variants launching it."""
+    groups: dict[tuple[int, str, str], list[CompiledRow]] = {}
+    for row in rows:
+        groups.setdefault((row.arch, row.hash or row.variant, row.kernel), []).append(row)
+    header = (f"{'arch':<6}{'kernel':<15}{'dtype':<9}{'d':>4} {'regs':>5}{'spill st':>9}"
+              f"{'spill ld':>9}{'stack':>7}{'shared':>8}{'warps':>6}{'stages':>7}  variants")
+    lines = [header, "-" * len(header)]
+    for (arch, _, kernel), group in sorted(groups.items(), key=lambda g: _sort_key(g[1][0])):
+        first = group[0]
+        head_dim = first.variant.split()[3].lstrip("d")
+        names = _compact_variants([r.variant for r in group])
+        flag = "  FAIL: " + "; ".join(first.problems) if first.problems else ""
+        lines.append(
+            f"sm_{arch:<3}{kernel:<15}{first.dtype:<9}{head_dim:>4} {first.registers:>5}"
+            f"{first.spill_stores:>9}{first.spill_loads:>9}{first.stack_bytes:>7}"
+            f"{first.shared_bytes:>8}{first.num_warps:>6}{first.num_stages:>7}  {names}{flag}")
+    return "\n".join(lines)
+
+
+def _sort_key(row: CompiledRow) -> tuple[object, ...]:
+    parts = row.variant.split()
+    return (row.arch, row.kernel, DTYPES.index(row.dtype), int(parts[3][1:]), row.variant)
+
+
+def _compact_variants(labels: list[str]) -> str:
+    """'extend causal bfloat16 d64 p1 GQA', '... p16 MHA' -> 'causal p1,16 GQA,MHA'."""
+    by_scenario: dict[str, tuple[set[str], set[str]]] = {}
+    for label in labels:
+        _, scenario, _, _, page, heads = label.split()
+        pages, head_kinds = by_scenario.setdefault(scenario, (set(), set()))
+        pages.add(page[1:])
+        head_kinds.add(heads)
+    return " | ".join(
+        f"{scenario} p{','.join(sorted(pages, key=int))} {','.join(sorted(kinds))}"
+        for scenario, (pages, kinds) in by_scenario.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", type=int, action="append", choices=ARCHS,
+                        help="compute capability to compile for (repeatable; default: all)")
+    parser.add_argument("--jobs", type=int, default=min(len(ARCHS), os.cpu_count() or 1),
+                        help="compiler processes (one architecture each)")
+    parser.add_argument("--json", type=Path, help="also write every row here")
+    args = parser.parse_args(argv)
+    why_not = ptxas_usable()
+    if why_not is not None:
+        print(f"Triton's CUDA toolchain cannot run here: {why_not}", file=sys.stderr)
+        return 2
+    archs = args.arch or list(ARCHS)
+    variants = all_variants()
+    begin = time.perf_counter()
+    if args.jobs > 1 and len(archs) > 1:
+        with ProcessPoolExecutor(min(args.jobs, len(archs)), mp_context=get_context("spawn")) as pool:
+            results = list(pool.map(compile_arch, archs, [variants] * len(archs)))
+    else:
+        results = [compile_arch(arch, variants) for arch in archs]
+    rows = [row for result in results for row in result]
+    judge(rows)
+    print(kernel_table(rows))
+    failed = [row for row in rows if row.problems]
+    kernels = {(row.arch, row.hash) for row in rows if row.hash}
+    compiled_s = sum(row.compile_s for row in rows)
+    print(f"\n{len(variants)} variants x {len(archs)} architectures -> {len(rows)} launches, "
+          f"{len(kernels)} distinct kernels; {len(failed)} over budget or failing; "
+          f"{time.perf_counter() - begin:.0f} s wall ({compiled_s:.0f} s compiling)")
+    if args.json is not None:
+        args.json.write_text(json.dumps([asdict(row) for row in rows]))
+    for row in failed:
+        print(f"FAIL sm_{row.arch} {row.kernel} [{row.variant}]: {'; '.join(row.problems)}",
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
