@@ -5,8 +5,8 @@ budget.
     python plugins/attention_triton/tests/cuda_compile_check.py [--arch 80] [--jobs 2]
 
 For every variant (dtype x head_dim x page size x GQA/MHA x scenario: causal extend, sliding
-window, tree mask, tree mask + window, decode, split decode, windowed decode, topk>1 draft
-decode) it builds a real batch on the CPU (the conformance suite's shuffled paged caches),
+window, tree mask, tree mask + window, decode, decode split up to 4 and up to 8 ways,
+windowed decode, windowed split decode, topk>1 draft decode) it builds a real batch on the CPU (the conformance suite's shuffled paged caches),
 the backend's metadata for it with the backend's CUDA split settings, and the launches the
 kernels' own launchers make for that compute capability (`extend_launch`,
 `decode_launches`). Each launch goes through Triton's own launch path with `warmup=True`
@@ -43,9 +43,6 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
-if os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes"):
-    raise SystemExit("the CUDA compile check needs compiled kernels: unset TRITON_INTERPRET")
-
 _PLUGIN_ROOT = Path(__file__).resolve().parents[1]
 if str(_PLUGIN_ROOT) not in sys.path:
     sys.path.insert(0, str(_PLUGIN_ROOT))
@@ -62,7 +59,7 @@ PAGE_SIZES = (1, 16)
 # (query heads, KV heads): grouped-query attention (4 query heads per KV head) and MHA.
 HEADS = {"GQA": (8, 2), "MHA": (4, 4)}
 EXTEND_SCENARIOS = ("causal", "window", "tree", "tree+window")
-DECODE_SCENARIOS = ("decode", "split", "window", "split+window", "topk4")
+DECODE_SCENARIOS = ("decode", "split4", "split8", "window", "split8+window", "topk4")
 WINDOW = 48
 
 # Per-block shared memory a kernel may use (cudaDevAttrMaxSharedMemoryPerBlockOptin, which
@@ -204,8 +201,10 @@ def variant_launches(variant: Variant, arch: int) -> list[tuple[str, object]]:
             fb, _ = factory.draft_decode_batch(prefix_lens=[5, 40], topk=4, step=1,
                                                num_steps=3, **shape)
         else:
-            split = variant.scenario.startswith("split")
-            fb = factory.decode_batch(seq_lens=[300, 2100] if split else [3, 40], **shape)
+            # Up to 4 or 8 splits (256 keys each at least, CUDA_MAX_KV_SPLITS at most).
+            seq_lens = {"split4": [300, 1000], "split8": [300, 2100]}.get(
+                variant.scenario.split("+")[0], [3, 40])
+            fb = factory.decode_batch(seq_lens=seq_lens, **shape)
         lists = DraftKVLists.from_batch(fb)
         splits = dict(max_kv_splits=CUDA_MAX_KV_SPLITS,
                       min_tokens_per_split=CUDA_MIN_TOKENS_PER_SPLIT)
@@ -311,7 +310,46 @@ def compile_arch(arch: int, variants: list[Variant]) -> list[CompiledRow]:
                 for name, value in figures.items():
                     setattr(row, name, value)
                 rows.append(row)
+        rows += _warm_up_rows(arch, seen, {(v.dtype, v.head_dim, v.heads) for v in variants})
     return rows
+
+
+WARM_UP = "warm-up"
+
+
+def _warm_up_rows(
+    arch: int, seen: dict[str, dict[str, int]], shapes: set[tuple[str, int, str]]
+) -> list[CompiledRow]:
+    """What the backend compiles at engine start for each model shape (`warmup.py`)."""
+    from plugserve_attention_triton.backend import CUDA_MAX_KV_SPLITS
+    from plugserve_attention_triton.kernels.warmup import model_launches
+
+    rows = []
+    for dtype, head_dim, heads in sorted(shapes):
+        num_heads, num_kv_heads = HEADS[heads]
+        label = f"{WARM_UP} start {dtype} d{head_dim} p0 {heads}"
+        launches = model_launches(num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                  head_dim=head_dim, dtype=getattr(torch, dtype),
+                                  device=torch.device("cpu"), arch=arch,
+                                  max_kv_splits=CUDA_MAX_KV_SPLITS)
+        for launch in launches:
+            row = CompiledRow(arch, label, _ROLES[launch.kernel_name], dtype)
+            try:
+                kernel, figures = compile_with_figures(launch, seen)
+            except Exception as exc:
+                row.error = f"{type(exc).__name__}: {str(exc)[-3000:]}"
+                rows.append(row)
+                continue
+            row.hash, row.shared_bytes = kernel.hash, int(kernel.metadata.shared)
+            row.num_warps, row.num_stages = kernel.metadata.num_warps, kernel.metadata.num_stages
+            for name, value in figures.items():
+                setattr(row, name, value)
+            rows.append(row)
+    return rows
+
+
+_ROLES = {"_extend_kernel": "extend", "_decode_partial_kernel": "decode_partial",
+          "_decode_reduce_kernel": "decode_reduce"}
 
 
 def _constexpr_text(launch: object) -> str:
@@ -334,6 +372,26 @@ def judge(rows: list[CompiledRow]) -> None:
         if row.shared_bytes > limit:
             row.problems.append(f"{row.shared_bytes} bytes of shared memory (sm_{row.arch} "
                                 f"allows {limit})")
+
+
+def judge_warm_up(rows: list[CompiledRow]) -> list[str]:
+    """The engine-start warm-up must compile exactly the kernels real batches of the same
+    model shape launch: none missing (a stall at a first batch) and none extra (a wasted
+    compile, or a launch that specialises differently from the real one)."""
+    launched: dict[tuple[int, str, str], set[str]] = {}
+    warmed: dict[tuple[int, str, str], set[str]] = {}
+    for row in rows:
+        _, _, dtype, head_dim, _, heads = row.variant.split()
+        target = warmed if row.variant.startswith(WARM_UP) else launched
+        target.setdefault((row.arch, f"{dtype} {head_dim}", heads), set()).add(row.hash)
+    problems = []
+    for key, hashes in sorted(launched.items()):
+        missing, extra = hashes - warmed.get(key, set()), warmed.get(key, set()) - hashes
+        if missing or extra:
+            problems.append(f"warm-up for sm_{key[0]} {key[1]} {key[2]}: {len(missing)} "
+                            f"launched kernels not warmed, {len(extra)} warmed kernels no "
+                            "batch launches")
+    return problems
 
 
 def kernel_table(rows: list[CompiledRow]) -> str:
@@ -365,13 +423,16 @@ def _compact_variants(labels: list[str]) -> str:
     """'extend causal bfloat16 d64 p1 GQA', '... p16 MHA' -> 'causal p1,16 GQA,MHA'."""
     by_scenario: dict[str, tuple[set[str], set[str]]] = {}
     for label in labels:
-        _, scenario, _, _, page, heads = label.split()
-        pages, head_kinds = by_scenario.setdefault(scenario, (set(), set()))
-        pages.add(page[1:])
+        kind, scenario, _, _, page, heads = label.split()
+        name = WARM_UP if kind == WARM_UP else scenario
+        pages, head_kinds = by_scenario.setdefault(name, (set(), set()))
+        if kind != WARM_UP:
+            pages.add(page[1:])
         head_kinds.add(heads)
     return " | ".join(
-        f"{scenario} p{','.join(sorted(pages, key=int))} {','.join(sorted(kinds))}"
-        for scenario, (pages, kinds) in by_scenario.items())
+        f"{name}{' p' + ','.join(sorted(pages, key=int)) if pages else ''} "
+        f"{','.join(sorted(kinds))}"
+        for name, (pages, kinds) in by_scenario.items())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,6 +443,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="compiler processes (one architecture each)")
     parser.add_argument("--json", type=Path, help="also write every row here")
     args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes"):
+        print("the CUDA compile check compiles the kernels: unset TRITON_INTERPRET",
+              file=sys.stderr)
+        return 1
     why_not = ptxas_usable()
     if why_not is not None:
         print(f"Triton's CUDA toolchain cannot run here: {why_not}", file=sys.stderr)
@@ -396,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         results = [compile_arch(arch, variants) for arch in archs]
     rows = [row for result in results for row in result]
     judge(rows)
+    warm_up_problems = judge_warm_up(rows)
     print(kernel_table(rows))
     failed = [row for row in rows if row.problems]
     kernels = {(row.arch, row.hash) for row in rows if row.hash}
@@ -405,10 +471,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.perf_counter() - begin:.0f} s wall ({compiled_s:.0f} s compiling)")
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(row) for row in rows]))
+    print(f"engine-start warm-up: compiles exactly the kernels of every model shape above"
+          if not warm_up_problems else "engine-start warm-up: MISMATCH")
     for row in failed:
         print(f"FAIL sm_{row.arch} {row.kernel} [{row.variant}]: {'; '.join(row.problems)}",
               file=sys.stderr)
-    return 1 if failed else 0
+    for problem in warm_up_problems:
+        print(f"FAIL {problem}", file=sys.stderr)
+    return 1 if failed or warm_up_problems else 0
 
 
 if __name__ == "__main__":

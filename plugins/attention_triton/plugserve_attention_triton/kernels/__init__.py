@@ -14,6 +14,7 @@ INTERPRETED: bool = interpreter_requested()
 from plugserve_attention_triton.kernels.decode import decode_attention, decode_launches  # noqa: E402
 from plugserve_attention_triton.kernels.extend import extend_attention, extend_launch  # noqa: E402
 from plugserve_attention_triton.kernels.launch import KernelLaunch  # noqa: E402
+from plugserve_attention_triton.kernels.warmup import warm_up  # noqa: E402
 
 __all__ = [
     "INTERPRETED",
@@ -22,4 +23,5 @@ __all__ = [
     "decode_launches",
     "extend_attention",
     "extend_launch",
+    "warm_up",
 ]
