@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.perf_counter() - begin:.0f} s wall ({compiled_s:.0f} s compiling)")
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(row) for row in rows]))
-    print(f"engine-start warm-up: compiles exactly the kernels of every model shape above"
+    print("engine-start warm-up: compiles exactly the kernels of every model shape above"
           if not warm_up_problems else "engine-start warm-up: MISMATCH")
     for row in failed:
         print(f"FAIL sm_{row.arch} {row.kernel} [{row.variant}]: {'; '.join(row.problems)}",

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import cuda_compile_check as check  # noqa: E402
+import cuda_compile_check as check
 
 SCRIPT = Path(check.__file__)
 

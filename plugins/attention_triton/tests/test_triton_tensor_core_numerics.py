@@ -106,7 +106,7 @@ def test_bf16_dot_needs_fp32_operands_in_the_interpreter():
     want = reference_attention(fb, q, layer, fb.kv_pool.get_k(layer.layer_id),
                                fb.kv_pool.get_v(layer.layer_id))
     raw = _launches(fb, q, layer, meta, None, dot_fp32=False)
-    with pytest.raises(AssertionError, match="vs the float64 reference|non-finite"):
+    with pytest.raises(AssertionError, match=r"vs the float64 reference|non-finite"):
         check_output(raw, q, want, TOLERANCES[torch.bfloat16], fb, "bf16 dot without fp32")
     fixed = _launches(fb, q, layer, meta, None, dot_fp32=True)
     check_output(fixed, q, want, TOLERANCES[torch.bfloat16], fb, "bf16 dot in fp32")

@@ -1,4 +1,6 @@
-"""The Triton kernels. Import this package only through `runtime.prepare_triton_runtime`.
+"""The Triton kernels. Import this package only through `runtime.prepare_triton_runtime`
+(the CUDA compile check, `tests/cuda_compile_check.py`, imports it in a process of its own
+without the interpreter, to compile it for CUDA targets).
 
 Whether the kernels are compiled for CUDA or run by Triton's CPU interpreter is fixed when
 this package is first imported (Triton reads `TRITON_INTERPRET` when `@triton.jit` runs);

@@ -39,7 +39,7 @@ class KernelLaunch:
         return self.kernel.run(*self.args, grid=self.grid, warmup=True, **self.options)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_capability(index: int) -> int:
     major, minor = torch.cuda.get_device_capability(index)
     return 10 * major + minor
