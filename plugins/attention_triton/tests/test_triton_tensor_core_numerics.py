@@ -28,10 +28,12 @@ from plugserve_attention_triton.metadata import (
     build_extend_metadata,
     build_request_decode_metadata,
 )
-from plugserve_attention_triton.runtime import prepare_triton_runtime
+from plugserve_attention_triton.runtime import interpreter_requested, prepare_triton_runtime
 
+if not interpreter_requested():  # with CUDA the kernels are compiled: test_triton_gpu.py
+    pytest.skip("checks the kernels in the CPU interpreter (TRITON_INTERPRET=1)",
+                allow_module_level=True)
 kernels = prepare_triton_runtime("cpu")
-pytestmark = pytest.mark.skipif(not kernels.INTERPRETED, reason="checks the CPU interpreter")
 
 NUM_HEADS, NUM_KV_HEADS = 4, 2
 CUDA_ARCH = 90
