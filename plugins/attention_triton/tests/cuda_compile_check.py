@@ -29,15 +29,10 @@ CUDA toolchain cannot run on this host.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
-import re
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
@@ -48,9 +43,7 @@ if str(_PLUGIN_ROOT) not in sys.path:
     sys.path.insert(0, str(_PLUGIN_ROOT))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-from triton import knobs  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
+from cuda_compile_toolchain import compile_only, compile_with_figures, ptxas_usable  # noqa: E402
 
 ARCHS = (80, 90)
 DTYPES = ("bfloat16", "float16", "float32")
@@ -68,10 +61,6 @@ SHARED_LIMIT_BYTES = {80: 163 * 1024, 90: 227 * 1024}
 # Bytes of spill stores per thread allowed. Zero everywhere: a spill is local memory traffic
 # inside the KV loop. fp32 runs on the FMA units with tiles sized to fit the registers.
 SPILL_STORE_BUDGET_BYTES = {"bfloat16": 0, "float16": 0, "float32": 0}
-
-_PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
-_PTXAS_FRAME = re.compile(
-    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
 @dataclass(frozen=True)
@@ -121,47 +110,6 @@ class CompiledRow:
     compile_s: float = 0.0
     error: str = ""
     problems: list[str] = field(default_factory=list)
-
-
-class CompileOnlyDriver:
-    """What Triton's launch path asks the active driver, answered for a target with no
-    device: the target, a device id (the arch, so each target keeps its own binder and kernel
-    cache) and a stream. Nothing is ever loaded or launched through it."""
-
-    def __init__(self, target: GPUTarget) -> None:
-        self.target = target
-
-    def get_current_target(self) -> GPUTarget:
-        return self.target
-
-    def get_current_device(self) -> int:
-        return int(self.target.arch)
-
-    def get_current_stream(self, device: int) -> int:
-        return 0
-
-
-@contextlib.contextmanager
-def compile_only(arch: int) -> Iterator[None]:
-    config = triton.runtime.driver
-    previous = config._active  # None until something asked for a driver
-    config.set_active(CompileOnlyDriver(GPUTarget("cuda", arch, 32)))  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        config._active = previous
-
-
-def ptxas_usable() -> str | None:
-    """None when Triton's bundled ptxas runs here, else why not."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    try:
-        ptxas = get_ptxas(90).path
-        subprocess.run([ptxas, "--version"], check=True, capture_output=True, timeout=60)
-    except Exception as exc:  # any failure means: no toolchain on this host
-        return f"{type(exc).__name__}: {exc}"
-    return None
 
 
 # --- building the launches of a variant ------------------------------------------------------
@@ -229,56 +177,6 @@ def variant_launches(variant: Variant, arch: int) -> list[tuple[str, object]]:
 
 
 # --- compiling ------------------------------------------------------------------------------
-
-
-def _figures_path(kernel_hash: str) -> Path:
-    return Path(knobs.cache.dir) / "plugserve-ptxas" / f"{kernel_hash}.json"
-
-
-def _parse_ptxas(log: str) -> dict[str, int] | None:
-    registers, frame = _PTXAS_REGISTERS.search(log), _PTXAS_FRAME.search(log)
-    if registers is None or frame is None:
-        return None
-    stack, stores, loads = (int(x) for x in frame.groups())
-    return {"registers": int(registers.group(1)), "spill_stores": stores,
-            "spill_loads": loads, "stack_bytes": stack}
-
-
-def _compile_logged(launch: object, *, always: bool) -> tuple[object, str]:
-    log = io.StringIO()
-    with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
-        knobs.nvidia.dump_ptxas_log = True
-        knobs.compilation.always_compile = always
-        kernel = launch.compile()  # type: ignore[attr-defined]
-    return kernel, log.getvalue()
-
-
-def compile_with_figures(
-    launch: object, seen: dict[str, dict[str, int]]
-) -> tuple[object, dict[str, int]]:
-    """Compile through Triton's launch path; ptxas's own report gives the figures. A launch
-    that specialises like an earlier one gets that kernel from Triton's in-process cache
-    (`seen` has its figures); one Triton cached on disk in an earlier run has its figures in
-    our file beside it, and if that is gone it is compiled once more."""
-    kernel, log = _compile_logged(launch, always=False)
-    figures = _parse_ptxas(log)
-    if figures is None:
-        path = _figures_path(kernel.hash)
-        if kernel.hash in seen:
-            return kernel, seen[kernel.hash]
-        if path.exists():
-            figures = json.loads(path.read_text())
-        else:
-            launch.kernel.device_caches.clear()  # type: ignore[attr-defined]
-            kernel, log = _compile_logged(launch, always=True)
-            figures = _parse_ptxas(log)
-            if figures is None:
-                raise RuntimeError(f"ptxas printed no register report:\n{log[-2000:]}")
-    path = _figures_path(kernel.hash)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(figures))
-    seen[kernel.hash] = figures
-    return kernel, figures
 
 
 def compile_arch(arch: int, variants: list[Variant]) -> list[CompiledRow]:

@@ -20,6 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import cuda_compile_check as check
+import cuda_compile_toolchain as toolchain
 
 SCRIPT = Path(check.__file__)
 
@@ -89,9 +90,9 @@ def test_ptxas_report_is_parsed() -> None:
            "ptxas info    : Function properties for _extend_kernel\n"
            "    8320 bytes stack frame, 16388 bytes spill stores, 19276 bytes spill loads\n"
            "ptxas info    : Used 32 registers, used 1 barriers, 8320 bytes cumulative stack\n")
-    assert check._parse_ptxas(log) == {"registers": 32, "spill_stores": 16388,
+    assert toolchain._parse_ptxas(log) == {"registers": 32, "spill_stores": 16388,
                                        "spill_loads": 19276, "stack_bytes": 8320}
-    assert check._parse_ptxas("ptxas info: nothing") is None
+    assert toolchain._parse_ptxas("ptxas info: nothing") is None
 
 
 def _compiled_kernel_count() -> int:
