@@ -3,7 +3,8 @@
 `init_forward_metadata` builds a `TritonAttnMetadata` once per batch (plain torch, see
 `metadata`); every layer then runs one extend kernel or the two decode kernels over it.
 Building the backend prepares the Triton runtime for the engine's device (on CPU it turns the
-interpreter on if `TRITON_INTERPRET` is unset), then imports the kernels.
+interpreter on if `TRITON_INTERPRET` is unset), then imports the kernels; on CUDA it compiles
+the kernels the model will launch (`kernels.warmup`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ class TritonAttentionBackend(AttentionBackend):
         self.min_tokens_per_split = min_tokens_per_split or (
             CUDA_MIN_TOKENS_PER_SPLIT if on_cuda else CPU_MIN_TOKENS_PER_SPLIT
         )
+        if on_cuda and not self.interpreted:
+            # Compile every kernel this model can launch now rather than at its first batches.
+            self._kernels.warm_up(
+                num_heads=ctx.num_heads, num_kv_heads=ctx.num_kv_heads, head_dim=ctx.head_dim,
+                dtype=ctx.dtype, device=ctx.device, max_kv_splits=self.max_kv_splits,
+            )
 
     @property
     def interpreted(self) -> bool:
