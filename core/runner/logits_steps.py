@@ -148,14 +148,13 @@ class TokenHistory:
             self.counts[row].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
         self.owner[row] = (req.rid, done)
 
-    def add(self, history_rows: list[int], tokens: torch.Tensor, rows: SampleRows,
-            idx: list[int]) -> None:
+    def add(self, history_rows: list[int], tokens: torch.Tensor) -> None:
         assert self.counts is not None
         where = torch.tensor(history_rows, dtype=torch.int64, device=self.device)
         self.counts.index_put_((where, tokens.to(self.device)),
                                torch.ones(len(history_rows), dtype=torch.int32,
                                           device=self.device), accumulate=True)
-        for row, i in zip(history_rows, idx, strict=True):
+        for row in history_rows:
             owner = self.owner[row]
             assert owner is not None
             self.owner[row] = (owner[0], owner[1] + 1)
@@ -205,7 +204,7 @@ class Penalties:
         if not rows.reqs or not idx:
             return
         history_rows = [rows.reqs[i].req_pool_idx for i in idx]
-        self.history.add(history_rows, ids[idx], rows, idx)
+        self.history.add(history_rows, ids[idx])
 
 
 def default_steps(history: TokenHistory, eos_token_ids: frozenset[int]

@@ -18,7 +18,7 @@ from plugserve.attention.base import AttentionBackend
 from plugserve.pools.kv_pool import KVPool
 from plugserve.pools.req_to_token import ReqToTokenPool
 from plugserve.runner import prompt_logprobs
-from plugserve.runner.sampler import SampleRows, Sampler
+from plugserve.runner.sampler import Sampler, SampleRows
 from plugserve.spec.base import SpecAlgorithm
 from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
 from plugserve.structs.schedule_batch import ScheduleBatch

@@ -24,7 +24,7 @@ from plugserve.kernels import row_argmax
 from plugserve.runner.logits_steps import LogitsStep, SampleRows, TokenHistory, default_steps
 from plugserve.sampling import SamplingParams
 
-__all__ = ["PLACEHOLDER_TOKEN", "Sampled", "SampleRows", "Sampler", "sample", "sampling_probs"]
+__all__ = ["PLACEHOLDER_TOKEN", "SampleRows", "Sampled", "Sampler", "sample", "sampling_probs"]
 
 # The token id reported for a row that failed (a valid id, so a consumer that reads it before
 # seeing the error, e.g. an overlap forward through the future buffer, still runs).

@@ -29,6 +29,7 @@ from plugserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from plugserve.server.sampling import chat_generation, completion_generation
 from plugserve.server.sessions import add_session_routes
 from plugserve.server.settings import ServerSettings, served_model_id
+from plugserve.server.tokenize import add_tokenizer_routes
 
 
 def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
@@ -84,9 +85,11 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
         state.check_model(body.model)
-        gen = completion_generation(body, state.tokenizer)
+        gen = completion_generation(body, state.tokenizer, settings.max_logprobs)
         docs = Documents("completion", model_id, state.tokenizer.decode,
-                         logprobs=body.logprobs is not None, token_ids=body.return_token_ids)
+                         logprobs=body.logprobs is not None, token_ids=body.return_token_ids,
+                         echo=body.echo, prompt_logprobs=body.prompt_logprobs is not None,
+                         skip_special_tokens=body.skip_special_tokens)
         return await state.respond(request, gen, docs, stream=body.stream,
                                    include_usage=body.include_usage, stop=body.stop_strings,
                                    arrival_s=arrival)
@@ -95,19 +98,23 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
         state.check_model(body.model)
-        gen = chat_generation(body, state.tokenizer, loop.context_len)
+        gen = chat_generation(body, state.tokenizer, loop.context_len, settings.max_logprobs)
         docs = Documents("chat", model_id, state.tokenizer.decode, logprobs=body.logprobs,
-                         token_ids=body.return_token_ids)
+                         token_ids=body.return_token_ids,
+                         prompt_logprobs=body.prompt_logprobs is not None,
+                         skip_special_tokens=body.skip_special_tokens)
         return await state.respond(request, gen, docs, stream=body.stream,
                                    include_usage=body.include_usage, stop=body.stop_strings,
                                    arrival_s=arrival)
 
-    add_session_routes(app, loop)
+    add_session_routes(app, loop, settings, state.session_owners)
+    add_tokenizer_routes(app, state)
 
     @app.get("/health")
     async def health() -> JSONResponse:
         document = {
-            "status": "ok" if loop.alive else "unavailable",
+            "status": "shutting_down" if state.draining else "ok" if loop.alive
+            else "unavailable",
             "model": model_id,
             "running": loop.running(),
             "waiting": loop.waiting(),
@@ -116,7 +123,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
             "memory_problem": loop.idle_memory_problem,
             "engine_error": None if loop.failure is None else type(loop.failure).__name__,
         }
-        return JSONResponse(document, status_code=200 if loop.alive else 503)
+        up = loop.alive and not state.draining
+        return JSONResponse(document, status_code=200 if up else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -97,7 +97,7 @@ class ServerMetrics:
             self.latency.observe(max(0.0, req.finished_s - handle.arrival_s))
 
     def engine_state(
-        self, *, running: int, waiting: int, terms: Iterable[Any], checkers: list[Any],
+        self, *, running: int, waiting: int, terms: Iterable[Any], checker: dict[str, Any],
         memory_whole: bool, stats: dict[str, Any],
     ) -> None:
         self.running.set(running)
@@ -109,11 +109,9 @@ class ServerMetrics:
                 self.kv_slots.labels(pool=t.pool, term=name).set(getattr(t, name))
             self.kv_balance.labels(pool=t.pool).set(t.balance)
         self.memory_whole.set(1 if memory_whole else 0)
-        for checker in checkers:
-            counters = checker.counters() if hasattr(checker, "counters") else {}
-            self.checker_level.set(counters.get("mem_check_level", 0))
-            self.checker_steps.set(counters.get("steps_checked", 0))
-            self.checker_idle.set(counters.get("idle_checks", 0))
+        self.checker_level.set(checker.get("mem_check_level", 0))
+        self.checker_steps.set(checker.get("steps_checked", 0))
+        self.checker_idle.set(checker.get("idle_checks", 0))
 
     def set_engine_up(self, up: bool) -> None:
         self.engine_up.set(1 if up else 0)

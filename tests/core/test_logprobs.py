@@ -66,7 +66,7 @@ class TestLogprobsMatchTransformers(EngineTest):
                 assert token == int(row.argmax())
                 assert result.logprobs[k] == pytest.approx(float(row[token]), abs=TOL)
                 top = result.top_logprobs[k]
-                assert [t for t, _ in top][0] == token
+                assert top[0][0] == token
                 assert top[0][1] == result.logprobs[k]  # one log-softmax for both
                 assert [v for _, v in top] == pytest.approx(row.topk(3).values.tolist(),
                                                             abs=TOL)
