@@ -171,17 +171,22 @@ def run_server(config: Any, options: list[str], settings: ServerSettings,
         port = sock.getsockname()[1]
         typer.echo(f"plugserve: serving {state.model_id} on http://{settings.host}:{port}/v1 "
                    "(Ctrl-C stops)", err=True)
+        shutdown = app.state.shutdown
         server = _server_class(uvicorn)(uvicorn.Config(
             app, log_config=None, log_level=log_level.lower(), lifespan="on",
-            timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
-            access_log=log_level.upper() in ("DEBUG", "INFO"),
-        ))
+            # The drain (plugserve.server.shutdown) answers every request before uvicorn is
+            # told to exit; this bound only covers connections that stay open after that.
+            timeout_graceful_shutdown=5, access_log=log_level.upper() in ("DEBUG", "INFO"),
+        ), shutdown.on_signal)
+        shutdown.request_exit = lambda: setattr(server, "should_exit", True)
         server.run(sockets=[sock])
         loop = app.state.engine_loop
         if loop.failure is not None:
             raise RuntimeError(f"the engine stopped serving after an error: {loop.failure}")
         whole = loop.idle_memory_problem
-        typer.echo("plugserve: stopped; memory whole at idle: "
+        aborted = f"{shutdown.aborted} request(s) aborted at shutdown; " if shutdown.aborted \
+            else ""
+        typer.echo(f"plugserve: stopped; {aborted}memory whole at idle: "
                    + ("yes" if whole is None else f"NO ({whole})"), err=True)
     finally:
         engine.close()
@@ -189,13 +194,15 @@ def run_server(config: Any, options: list[str], settings: ServerSettings,
 
 def _server_class(uvicorn: Any) -> Any:
     class Server(uvicorn.Server):
-        """Stops on SIGINT / SIGTERM like uvicorn, but does not re-raise the signal after the
-        graceful shutdown (newer uvicorn does): the command reports and exits 0 itself."""
+        """On SIGINT / SIGTERM the app drains first (`on_signal`: grace period, aborts, then
+        `should_exit`); a second signal exits at once. The signal is not re-raised after the
+        shutdown (newer uvicorn does): the command reports and exits 0 itself."""
+
+        def __init__(self, config: Any, on_signal: Any) -> None:
+            super().__init__(config)
+            self.on_signal = on_signal
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            super().handle_exit(sig, frame)
-            captured = getattr(self, "_captured_signals", None)
-            if isinstance(captured, list):
-                captured.clear()
+            self.on_signal(sig)
 
     return Server

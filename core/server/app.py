@@ -1,10 +1,11 @@
 """`create_app(engine, settings)`: the FastAPI application of `plugserve serve`.
 
 Routes: GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST
-/v1/chat/completions, POST /v1/sessions, DELETE /v1/sessions/{id}, GET /health, GET /metrics. The lifespan starts the engine thread and,
-at shutdown, stops it: uvicorn gives running requests `settings.shutdown_timeout_s` to finish
-(`timeout_graceful_shutdown`), then the lifespan aborts the rest, the engine goes idle with
-its memory whole and the thread exits.
+/v1/chat/completions, POST /v1/sessions, DELETE /v1/sessions/{id}, POST /tokenize, POST
+/detokenize, GET /tokenizer_info, GET /health, GET /metrics. The lifespan starts the engine
+thread and, at shutdown, stops it. A shutdown first drains (`plugserve.server.shutdown`):
+running requests get `settings.shutdown_timeout_s`, the rest are aborted with a last chunk or
+a 503, then uvicorn exits and the engine goes idle with its memory whole.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from plugserve.server.output import Documents
 from plugserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from plugserve.server.sampling import chat_generation, completion_generation
 from plugserve.server.sessions import add_session_routes
+from plugserve.server.shutdown import GracefulShutdown
 from plugserve.server.settings import ServerSettings, served_model_id
 from plugserve.server.tokenize import add_tokenizer_routes
 
@@ -41,10 +43,12 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     metrics = ServerMetrics(model_id)
     loop = EngineLoop(engine, max_waiting=settings.max_waiting, metrics=metrics)
     state = ServerState(loop, settings, model_id, aliases=(model_path,) if model_path else ())
+    shutdown = GracefulShutdown(state, settings.shutdown_timeout_s)
     created = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        shutdown.loop = asyncio.get_running_loop()
         loop.start()
         metrics.set_engine_up(True)
         log.info("serving %s (context %d tokens)", model_id, loop.context_len)
@@ -63,6 +67,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     app.state.server = state
     app.state.engine_loop = loop
     app.state.metrics = metrics
+    app.state.shutdown = shutdown
     install_error_handlers(app, metrics.http_error)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, on_error=metrics.http_error)
     app.add_middleware(ApiKeyGuard, api_key=settings.api_key, on_error=metrics.http_error)

@@ -1,5 +1,5 @@
-"""API keys: with any configured, every `/v1/*` request (and /tokenize, /detokenize) needs
-`Authorization: Bearer KEY` (the scheme in any case, as RFC 7235 has it).
+"""API keys: with any configured, every `/v1/*` request (and /tokenize, /detokenize,
+/tokenizer_info) needs `Authorization: Bearer KEY` (the scheme in any case, as RFC 7235 has it).
 
 `--api-key` takes one key or several separated by commas; the key a request presented is left
 in `scope["state"]["api_key_id"]` (a digest, never the key), so a streaming session is bound
@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from plugserve.server.errors import APIError
 
 ASGIApp = Callable[..., Any]
-GUARDED = ("/v1", "/tokenize", "/detokenize")
+GUARDED = ("/v1", "/tokenize", "/detokenize", "/tokenizer_info")
 
 
 def api_keys(setting: str | None) -> tuple[str, ...]:

@@ -4,9 +4,10 @@
 (through the model's chat template: `add_generation_prompt` default true,
 `add_special_tokens` default false, the template supplying any BOS) and answers
 `{"count", "max_model_len", "tokens", "token_strs"}` (`token_strs` with `return_token_strs`).
-/detokenize takes `tokens` and answers `{"prompt"}`. Both run on the HTTP side with the
-engine's read-only tokenizer. Clients such as lm-eval's API backends call them to learn the
-served model's tokenization.
+/detokenize takes `tokens` and answers `{"prompt"}`. `GET /tokenizer_info` answers the special
+tokens, the chat template and the context length. All run on the HTTP side with the engine's
+read-only tokenizer. lm-eval's API backends probe them and then tokenize through the server
+(its `remote` tokenizer backend) instead of downloading the model's tokenizer.
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ def add_tokenizer_routes(app: FastAPI, state: ServerState) -> None:
             if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": state.context_len, "tokens": ids,
                 "token_strs": strs}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        special = tokenizer.special_tokens
+        return {"tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": special.get("bos_token"), "eos_token": special.get("eos_token"),
+                "pad_token": special.get("pad_token"), "unk_token": special.get("unk_token"),
+                "chat_template": tokenizer.chat_template,
+                "model_max_length": state.context_len}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
