@@ -18,6 +18,7 @@ from plugserve.cli.logs import stderr_logging
 from plugserve.cli.options import (
     AttentionOpt,
     CacheOpt,
+    ChatTemplateOpt,
     DebugOpt,
     DeviceOpt,
     DraftModelOpt,
@@ -31,6 +32,7 @@ from plugserve.cli.options import (
     SpecOpt,
     SpecStepsOpt,
     SpecTopkOpt,
+    chat_template_option,
     checked_plugin_host,
     engine_config,
 )
@@ -77,6 +79,10 @@ def serve_command(
     seed: Annotated[int | None, _int("Engine seed.")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="Tokenizer folder, if not the model's.")
                          ] = None,
+    chat_template: ChatTemplateOpt = None,
+    max_logprobs: Annotated[
+        int | None, _int("Most logprobs alternatives a request may ask per token (default 20).")
+    ] = None,
     max_running_requests: Annotated[int | None, _int("Request rows (batch size limit).")] = None,
     kv_pool_tokens: Annotated[int | None, _int("KV slots per pool.")] = None,
     context_len: Annotated[int | None, _int("Max tokens per request.")] = None,
@@ -127,15 +133,16 @@ def serve_command(
         given = {
             "host": host, "port": port, "api_key": api_key, "max_waiting": max_waiting,
             "max_body_bytes": max_body_bytes, "served_model_name": served_model_name,
-            "shutdown_timeout_s": shutdown_timeout,
+            "shutdown_timeout_s": shutdown_timeout, "max_logprobs": max_logprobs,
         }
         settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []
             checked_plugin_host(options, config, debug)
+            template = chat_template_option(chat_template)
             sock = bind(settings)
             try:
-                run_server(config, options, settings, sock, log_level)
+                run_server(config, options, settings, sock, log_level, template)
             finally:
                 sock.close()
 
@@ -155,7 +162,7 @@ def bind(settings: ServerSettings) -> socket.socket:
 
 
 def run_server(config: Any, options: list[str], settings: ServerSettings,
-               sock: socket.socket, log_level: str) -> None:
+               sock: socket.socket, log_level: str, chat_template: str | None = None) -> None:
     import uvicorn
 
     from plugserve.engine import Engine
@@ -165,6 +172,8 @@ def run_server(config: Any, options: list[str], settings: ServerSettings,
         typer.echo(f"warning: serving on {settings.host} without an API key: anyone who can "
                    "reach this port can use the model (--api-key)", err=True)
     engine = Engine(config, plugins=tuple(options))
+    if chat_template is not None:
+        engine.tokenizer.chat_template = chat_template
     try:
         app = create_app(engine, settings)
         state = app.state.server

@@ -29,8 +29,8 @@ from plugserve.server.output import Documents
 from plugserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from plugserve.server.sampling import chat_generation, completion_generation
 from plugserve.server.sessions import add_session_routes
-from plugserve.server.shutdown import GracefulShutdown
 from plugserve.server.settings import ServerSettings, served_model_id
+from plugserve.server.shutdown import GracefulShutdown
 from plugserve.server.tokenize import add_tokenizer_routes
 
 

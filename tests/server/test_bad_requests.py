@@ -175,3 +175,16 @@ def test_api_key(served: Any) -> None:
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0
                           ).models.list()
+
+
+def test_several_keys_and_any_case_scheme(served: Any) -> None:
+    with served(ServerSettings(api_key="alpha, beta")) as server, \
+            httpx.Client(base_url=server.url, timeout=30) as http:
+        for header in ("Bearer alpha", "bearer beta", "BEARER  alpha"):
+            ok = http.post(C, json=GOOD, headers={"Authorization": header})
+            assert ok.status_code == 200, (header, ok.text)
+        for header in ("Basic alpha", "Bearer alpha, beta", "alpha"):
+            assert http.post(C, json=GOOD, headers={"Authorization": header}
+                             ).status_code == 401, header
+        tokenize = http.post("/tokenize", json={"prompt": "x"})
+        assert tokenize.status_code == 401  # the tokenizer routes are guarded too

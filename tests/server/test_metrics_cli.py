@@ -127,3 +127,10 @@ def test_engine_failure(tiny_model_dir: Path) -> None:
             assert "plugserve_engine_up 0.0" in http.get("/metrics").text
     finally:
         engine.close()
+
+
+def test_kv_series_before_the_first_request(served: Any) -> None:
+    with served() as server:
+        text = httpx.get(server.url + "/metrics", timeout=30).text
+    assert 'plugserve_kv_slots{pool="full",term="available"}' in text
+    assert 'plugserve_kv_balance_slots{pool="full"} 0.0' in text
