@@ -130,10 +130,10 @@ class SamplingParams:
             out.append(f"top_logprobs must be an int in [0, {vocab_size}], got {describe(n)}")
         elif n > 0 and self.logprobs is not True:
             out.append(f"top_logprobs={n} needs logprobs=True")
-        n = self.prompt_logprobs
-        if n is not None and (not is_int(n) or not 0 <= n <= vocab_size):
+        prompt_n = self.prompt_logprobs
+        if prompt_n is not None and (not is_int(prompt_n) or not 0 <= prompt_n <= vocab_size):
             out.append(f"prompt_logprobs must be None or an int in [0, {vocab_size}], got "
-                       f"{describe(n)}")
+                       f"{describe(prompt_n)}")
         return out
 
     def _logits_step_problems(self, vocab_size: int) -> list[str]:
