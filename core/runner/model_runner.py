@@ -47,7 +47,8 @@ class ModelRunner:
         self._next_ref = 0
         self.time_s: defaultdict[str, float] = defaultdict(float)
         self.spec: SpecAlgorithm | None = None  # set by the engine when speculation is on
-        self.sampler = Sampler(req_to_token_pool.num_rows, device, eos_token_ids)
+        num_rows = req_to_token_pool.num_rows if req_to_token_pool is not None else 0
+        self.sampler = Sampler(num_rows, device, eos_token_ids)
 
     def assign_future_refs(self, batch: ScheduleBatch) -> list[int]:
         refs = [(self._next_ref + i) % self.future_size for i in range(len(batch.reqs))]
@@ -142,8 +143,9 @@ class ModelRunner:
                 logprobs_all = [0.0] * len(step.reqs)
                 for row, lp in zip(step.sample_rows, logprobs, strict=True):
                     logprobs_all[row] = lp
-        if out.token_hidden_states is not None and prompt_logprobs.wanted(step.reqs, fb):
-            prompt_logprobs.compute(self.model, step.reqs, fb, out.token_hidden_states)
+        token_hidden = getattr(out, "token_hidden_states", None)
+        if token_hidden is not None and prompt_logprobs.wanted(step.reqs, fb):
+            prompt_logprobs.compute(self.model, step.reqs, fb, token_hidden)
         t3 = time.perf_counter()
         if self.spec is not None and fb.mode is ForwardMode.EXTEND:
             with torch.inference_mode():
@@ -158,11 +160,14 @@ class ModelRunner:
         """Sample every sampled row; each row's top logprobs go into its request by the
         position of the token sampled (what the request's output index is read from)."""
         fb = step.forward_batch
-        reqs = [step.reqs[r] for r in step.sample_rows]
-        # The token a row samples goes to position seq_len (its last input is seq_len - 1).
-        positions = [fb.seq_lens_cpu[r] for r in step.sample_rows]
-        rows = SampleRows(step.params, step.generators, reqs, positions)
+        rows = SampleRows(step.params, step.generators)
+        if any(p.top_logprobs or p.decode_time_fields() for p in step.params):
+            # The requests' history and positions: the token a row samples goes to position
+            # seq_len (its last input is seq_len - 1).
+            rows.reqs = [step.reqs[r] for r in step.sample_rows]
+            rows.positions = [fb.seq_lens_cpu[r] for r in step.sample_rows]
         sampled = self.sampler.sample(logits, rows, step.want_logprobs)
+        reqs, positions = rows.reqs, rows.positions
         if sampled.top_logprobs is not None:
             for req, position, top in zip(reqs, positions, sampled.top_logprobs, strict=True):
                 if top is not None:
