@@ -143,9 +143,24 @@ def run_one(which: str, opts: VllmServingOptions, dataset: Path, work: Path) -> 
                 raise RuntimeError(f"vllm bench serve against {which} failed (exit "
                                    f"{done.returncode}); its log: {client_log}")
             result = json.loads(out.read_text())
+            split = _time_split(f"http://127.0.0.1:{port}") if which == "plugserve" else {}
         finally:
             _stop(proc)
-    return {k: result.get(k) for k in KEYS}
+    return {**{k: result.get(k) for k in KEYS}, **({"time_split_s": split} if split else {})}
+
+
+def _time_split(url: str) -> dict[str, float]:
+    """Where the plugserve server's time went (its /metrics): engine steps and publishing on
+    the engine thread (wall), the engine thread's CPU and the whole process's CPU."""
+    import httpx
+
+    prefix = 'plugserve_engine_loop_seconds{part="'
+    out: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(prefix):
+            name, value = line[len(prefix):].split('"} ')
+            out[name] = float(value)
+    return out
 
 
 def run_offline(opts: VllmServingOptions, prompts: list[str]) -> dict[str, Any]:
@@ -206,5 +221,12 @@ def print_report(report: dict[str, Any]) -> None:
                       f"{r['mean_tpot_ms']:.0f} ms", f"completed {r['completed']}",
                       f"failed {r.get('failed', 0)}"]
         print(f"  {name:26s} " + ", ".join(parts))
+    split = report["plugserve"].get("time_split_s")
+    if split:
+        other = split.get("process_cpu", 0.0) - split.get("engine_thread_cpu", 0.0)
+        print(f"  plugserve server time: engine steps {split.get('engine_step', 0):.1f} s wall, "
+              f"publishing tokens {split.get('publish', 0):.2f} s; CPU: engine thread "
+              f"{split.get('engine_thread_cpu', 0):.1f} s, rest of the process (HTTP, SSE, "
+              f"tokenizing, start-up) {other:.1f} s")
     print(f"  plugserve / vLLM server: {report['plugserve_vs_vllm']:.2f}x; plugserve server / "
           f"its engine offline: {report['server_vs_offline']:.2f}x")

@@ -136,6 +136,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
         metrics.set_engine_up(loop.alive)
         metrics.running.set(loop.running())
         metrics.waiting.set(loop.waiting())
+        metrics.loop_times(dict(loop.time_s))
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return app

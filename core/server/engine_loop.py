@@ -61,6 +61,11 @@ class EngineLoop:
         self._aborted_for_stop = False
         self._gauges_s = 0.0
         self.failure: BaseException | None = None
+        # Where the engine thread's time goes: wall seconds in engine steps and in handing
+        # tokens to the HTTP side, and the thread's CPU seconds (the rest of the process's CPU
+        # is the HTTP side: parsing, tokenizing, detokenizing, SSE).
+        self.time_s: dict[str, float] = {"engine_step": 0.0, "publish": 0.0,
+                                         "engine_thread_cpu": 0.0}
         self.idle_memory_problem: str | None = None
         self.idle_checks = 0
 
@@ -190,10 +195,15 @@ class EngineLoop:
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
                 continue
+            t0 = time.perf_counter()
             progressed = engine.step()
+            t1 = time.perf_counter()
             if not progressed and engine.is_idle():
                 settled = True
             self._publish(settled)
+            self.time_s["engine_step"] += t1 - t0
+            self.time_s["publish"] += time.perf_counter() - t1
+            self.time_s["engine_thread_cpu"] = time.thread_time()
             if settled:
                 self._after_idle()
             else:

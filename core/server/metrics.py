@@ -68,6 +68,9 @@ class ServerMetrics:
                                   registry=r)
         self.engine_up = Gauge("plugserve_engine_up", "1 while the engine thread serves",
                                registry=r)
+        self.loop_time = Gauge("plugserve_engine_loop_seconds", "The engine thread's time: "
+                               "engine_step and publish (wall), engine_thread_cpu; "
+                               "process_cpu is the whole process's CPU", ["part"], registry=r)
         self.info = Gauge("plugserve_model_info", "The served model", ["model"], registry=r)
         self.info.labels(model=model_id).set(1)
         self.memory_whole.set(1)
@@ -112,6 +115,14 @@ class ServerMetrics:
         self.checker_level.set(checker.get("mem_check_level", 0))
         self.checker_steps.set(checker.get("steps_checked", 0))
         self.checker_idle.set(checker.get("idle_checks", 0))
+
+    def loop_times(self, parts: dict[str, float]) -> None:
+        import os
+
+        for name, value in parts.items():
+            self.loop_time.labels(part=name).set(value)
+        cpu = os.times()
+        self.loop_time.labels(part="process_cpu").set(cpu.user + cpu.system)
 
     def set_engine_up(self, up: bool) -> None:
         self.engine_up.set(1 if up else 0)
