@@ -301,7 +301,7 @@ def run_chat(config: Any, options: list[str], sampling: SamplingParams,
                 note(f"error: {error} (/undo or /reset to make room)"
                      if "context holds" in error else f"error: {error}")
         chat.close()
-        engine.scheduler.settle_idle()  # the checker's idle check, with the session closed
+        engine.step()  # nothing left: it settles (the checker's idle check, session closed)
     finally:
         engine.close()
 
