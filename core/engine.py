@@ -14,6 +14,7 @@ from plugserve.attention.base import AttentionContext
 from plugserve.config import EngineConfig
 from plugserve.device import device_problems
 from plugserve.fixes import unknown_reverts
+from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
@@ -130,7 +131,7 @@ class Engine:
         num_pages, rows = memory.num_pages, memory.kv.rows
         self.backend = backend_cls(attention_ctx)
         self.runner = ModelRunner(self.model, self.backend, self.kv_pool, rows,
-                                  self.context_len, self.device)
+                                  self.context_len, self.device, self.tokenizer.eos_token_ids)
         self.spec: SpecAlgorithm | None = None
         if spec_cls is not None:
             self.spec = spec_cls(
@@ -186,6 +187,9 @@ class Engine:
         need = min(len(ids) + new_tokens, self.context_len)
         if self.spec_footprint is not None:
             need += self.spec_footprint.reserve_len  # a speculative round's slots past them
+        if self.spec is not None and sp.decode_time_fields():
+            out.append(f"{', '.join(sp.decode_time_fields())} cannot be used with speculative "
+                       f"decoding (spec={self.config.spec!r}) yet")
         total = self.kv.allocator.total_slots
         if ids and ceil_align(need, self.config.page_size) > total:
             out.append(f"request needs up to {need} KV slots but the pool holds {total}; "
@@ -396,6 +400,61 @@ class Engine:
         for checker in self.checkers:
             if hasattr(checker, "counters"):
                 out.setdefault("checker", {}).update(checker.counters())
+        return out
+
+    # --- driving the engine step by step (a server's loop) ---------------------------------
+    # `generate` and `stream` run the scheduler themselves. A loop that serves requests as they
+    # come (plugserve.server) uses these instead: `submit` / `abort`, then `step()` until
+    # `is_idle()`, reading each `Req`'s tokens between steps. One thread at a time.
+
+    def step(self) -> bool:
+        """One scheduler step. True when it did work (a forward ran, or a forward's results
+        were processed); False when there was nothing to do. A step that finds nothing left
+        (nothing waits, runs or is in flight) settles the engine: the idle hooks run (the
+        checker's idle check) and `is_idle()` is True until the next submit. An error inside
+        a step stops the engine (later submits raise EngineStoppedError) and is raised."""
+        sched = self.scheduler
+        with self._stop_on_error():
+            progressed = sched.step()
+            if not progressed and sched.is_idle():
+                sched.settle_idle()
+        return progressed
+
+    def is_idle(self) -> bool:
+        """Nothing waits, runs or is in flight."""
+        return bool(self.scheduler.is_idle())
+
+    def num_waiting(self) -> int:
+        """Requests submitted and not admitted yet."""
+        return len(self.scheduler.waiting)
+
+    def kv_terms(self) -> tuple[PoolTerms, ...]:
+        """Each KV pool's conservation terms now (available, evictable, protected,
+        session_held, uncached, total and their balance): what a metrics endpoint exports."""
+        return self.scheduler.kv_terms()
+
+    def memory_problems(self) -> list[str]:
+        """At idle: every reason the memory is not whole (empty = whole). In every pool each KV
+        slot is free, cached or held by a session, the cache locks nothing but open sessions'
+        prefixes, no page is free twice; every request row is free or session-held. A real
+        check (not `assert`): it holds under `python -O` too."""
+        kv = self.kv
+        out: list[str] = []
+        for pool in kv.pools:
+            terms = pool.terms([])
+            # Open streaming sessions keep their first turn's cached prefix locked between turns.
+            session_locked = kv.session_locked_slots(pool.name)
+            if terms.protected != session_locked:
+                out.append(f"idle but {terms.protected} slots of pool {pool.name!r} are still "
+                           f"locked by the cache ({session_locked} by open sessions)")
+            if terms.balance != 0:
+                out.append(f"KV leak at idle: {terms.describe()}")
+            free_pages = pool.allocator.free_pages
+            if len(free_pages) != len(set(free_pages)):
+                out.append(f"a page of pool {pool.name!r} is in the free list twice")
+        rows = kv.rows_problem()
+        if rows is not None:
+            out.append(f"idle but {rows}")
         return out
 
     def close(self) -> None:

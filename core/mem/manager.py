@@ -156,7 +156,10 @@ class KVManager:
         row = self.rows.alloc()
         if row is None:
             return False
-        match = self.cache.match_prefix(req.all_ids[:-1])
+        # Prompt logprobs need every prompt position computed: such a request reads no
+        # cached prefix (what it computes is inserted at its end like any other).
+        reads_cache = req.sampling.prompt_logprobs is None
+        match = self.cache.match_prefix(req.all_ids[:-1] if reads_cache else [])
         req.req_pool_idx = row
         req.is_retracted = False
         req.last_node = match.node
