@@ -117,7 +117,7 @@ class CompiledRow:
 
 def variant_launches(variant: Variant, arch: int) -> list[tuple[str, object]]:
     """(kernel role, KernelLaunch) of every launch the backend makes for this variant."""
-    from plugserve.attention.draft_kv import DraftKVLists
+    from plugserve.attention.paging import decode_slot_lists
     from plugserve.structs.forward_batch import ForwardMode
     from plugserve.testing.conformance.paged import BatchFactory
     from plugserve_attention_triton.backend import (
@@ -128,7 +128,6 @@ def variant_launches(variant: Variant, arch: int) -> list[tuple[str, object]]:
     from plugserve_attention_triton.metadata import (
         build_decode_metadata,
         build_extend_metadata,
-        build_request_decode_metadata,
     )
 
     dtype = getattr(torch, variant.dtype)
@@ -153,12 +152,10 @@ def variant_launches(variant: Variant, arch: int) -> list[tuple[str, object]]:
             seq_lens = {"split4": [300, 1000], "split8": [300, 2100]}.get(
                 variant.scenario.split("+")[0], [3, 40])
             fb = factory.decode_batch(seq_lens=seq_lens, **shape)
-        lists = DraftKVLists.from_batch(fb)
-        splits = dict(max_kv_splits=CUDA_MAX_KV_SPLITS,
-                      min_tokens_per_split=CUDA_MIN_TOKENS_PER_SPLIT)
-        meta = (build_decode_metadata(kv_indptr_cpu=lists.kv_indptr_cpu(),
-                                      kv_indices=lists.kv_indices, **splits)
-                if lists is not None else build_request_decode_metadata(fb, **splits))
+        kv_indptr_cpu, kv_indices = decode_slot_lists(fb)
+        meta = build_decode_metadata(kv_indptr_cpu=kv_indptr_cpu, kv_indices=kv_indices,
+                                     max_kv_splits=CUDA_MAX_KV_SPLITS,
+                                     min_tokens_per_split=CUDA_MIN_TOKENS_PER_SPLIT)
     head_dim = variant.head_dim
     # q as the model hands it over: a view into the qkv projection's output.
     qkv = factory.randn(fb.num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype)

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from plugserve.attention.base import AttentionLayer
+from plugserve.attention.paging import decode_slot_lists
 from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
 from plugserve.testing.conformance.kernel_checks import check_output
 from plugserve.testing.conformance.paged import BatchFactory
@@ -25,8 +26,8 @@ from plugserve.testing.conformance.reference import TOLERANCES, reference_attent
 from plugserve_attention_triton.kernels.tiles import dot_in_fp32
 from plugserve_attention_triton.metadata import (
     TritonAttnMetadata,
+    build_decode_metadata,
     build_extend_metadata,
-    build_request_decode_metadata,
 )
 from plugserve_attention_triton.runtime import interpreter_requested, prepare_triton_runtime
 
@@ -75,7 +76,9 @@ def _case(name: str, factory: BatchFactory, dtype: torch.dtype, head_dim: int
         meta, window = build_extend_metadata(fb), 40
     else:
         fb = factory.decode_batch(seq_lens=[5, 600, 130], **shape)
-        meta = build_request_decode_metadata(fb, max_kv_splits=4, min_tokens_per_split=128)
+        kv_indptr_cpu, kv_indices = decode_slot_lists(fb)
+        meta = build_decode_metadata(kv_indptr_cpu=kv_indptr_cpu, kv_indices=kv_indices,
+                                     max_kv_splits=4, min_tokens_per_split=128)
         window = 300
         assert meta.max_kv_splits == 4
     layer = factory.layer(num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=head_dim,

@@ -65,7 +65,7 @@ def refusal(case: SpecCase, algorithm: str, device: str, needs_draft: bool) -> s
     from plugserve.config import EngineConfig
     from plugserve.device import device_problems
     from plugserve.plugins import get_plugin_host
-    from plugserve.registry import validate_config
+    from plugserve.validation import validate_config
 
     try:
         config = EngineConfig(spec=algorithm, device=device, dtype="float32", mem_check=0,
