@@ -11,8 +11,11 @@ setup:
 run: setup
 	$(VENV)/bin/plugserve generate --chat "$(PROMPT)"
 
+# The per-plugin test matrix (noxfile.py): the core's tests, each plugin's tests with only the
+# core and what the plugin declares, then the tests across plugins. NOX_ARGS="-s core" runs one
+# session; `$(VENV)/bin/python -m pytest -q` runs everything in one process instead.
 test: setup
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/nox $(NOX_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

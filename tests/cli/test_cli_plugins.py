@@ -141,6 +141,7 @@ def test_debug_shows_import_tracebacks(cli: Callable[..., Any]) -> None:
     assert "Traceback" in run.stderr and "not_installed_anywhere" in run.stderr
 
 
+@pytest.mark.integration  # lists the flashinfer and fa3 plugins
 def test_notes_qualify_the_capabilities(cli: Callable[..., Any]) -> None:
     """A backend's notes are listed with it: the GPU backends say they are not verified yet,
     while the whitelist keeps naming them."""

@@ -14,6 +14,7 @@ from plugserve.testing.conformance.spec.cases import SpecCase
 from plugserve.testing.conformance.spec.target import SpecAlgorithmUnderTest
 
 pytest.importorskip("plugserve_spec_eagle")
+pytestmark = pytest.mark.integration  # broken copies of the eagle plugin
 
 LOSSLESS, FOOTPRINT = spec_suite.TestSpecLossless, spec_suite.TestSpecFootprint
 

@@ -40,6 +40,7 @@ def test_failing_cache_policy_exits_non_zero(cache_plugins: None, run: Run) -> N
     assert "failed" in out and "inserting cached tokens again must report them" in out
 
 
+@pytest.mark.integration  # the suite on the eagle plugin
 def test_spec_suite_on_one_backend(run: Run) -> None:
     pytest.importorskip("plugserve_spec_eagle")
     code, out = run("--spec", "eagle", "--backend", "torch_native", "-k", "Footprint")
@@ -47,6 +48,7 @@ def test_spec_suite_on_one_backend(run: Run) -> None:
     assert "8 passed" in out
 
 
+@pytest.mark.integration  # broken copies of the eagle plugin
 def test_failing_spec_algorithm_exits_non_zero(spec_plugins: None, run: Run) -> None:
     pytest.importorskip("plugserve_spec_eagle")
     code, out = run("--spec", "eagle_short_footprint", "--backend", "torch_native", "-k",
@@ -58,7 +60,8 @@ def test_failing_spec_algorithm_exits_non_zero(spec_plugins: None, run: Run) -> 
 @pytest.mark.parametrize(("args", "message"), [
     (("--cache", "nope"), "unknown cache policy 'nope'; available:"),
     (("--spec", "none"), "speculative algorithm 'none' is plain decoding"),
-    (("--spec", "eagle", "--backend", "nope"), "unknown attention backend 'nope'"),
+    pytest.param(("--spec", "eagle", "--backend", "nope"), "unknown attention backend 'nope'",
+                 marks=pytest.mark.integration),
     ((), "name exactly one plugin: --attention NAME, --cache NAME or --spec NAME (got none)"),
     (("--cache", "radix", "--spec", "eagle"), "(got --cache radix, --spec eagle)"),
     (("--cache", "radix", "--smoke"), "--smoke applies to --attention only"),

@@ -9,6 +9,7 @@ import pytest
 from plugserve.testing.conformance.spec import engine as spec_suite
 
 pytest.importorskip("plugserve_spec_eagle")
+pytestmark = pytest.mark.integration  # the suite on the eagle plugin
 
 
 class TestEagleFootprint(spec_suite.TestSpecFootprint):
