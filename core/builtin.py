@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugserve.attention.base import BackendCapabilities
+from plugserve.attention.capabilities import TORCH_NATIVE_CAPABILITIES
 from plugserve.hookspecs import hookimpl
 from plugserve.registry import (
     CachePolicyCapabilities,
@@ -60,7 +60,7 @@ def plugserve_register_attention_backends(register: RegisterAttentionBackend) ->
     register(
         "torch_native",
         _torch_native,
-        BackendCapabilities(tensor_parallel=True),
+        TORCH_NATIVE_CAPABILITIES,
         description="reference backend in plain PyTorch; any page size; CPU and CUDA",
     )
 

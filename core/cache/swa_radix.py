@@ -54,6 +54,7 @@ class SWARadixCache(RadixCache):
 
     def set_sliding_window(self, window: int, revert_fixes: frozenset[str]) -> None:
         """Called by the engine once the model's window is known."""
+        super().set_sliding_window(window, revert_fixes)
         self.window = window
         self._match_across_tombstones = SWA_MATCH_ACROSS_TOMBSTONE in revert_fixes
 

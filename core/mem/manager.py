@@ -90,12 +90,12 @@ class KVManager:
             self.swa_window = SWAWindow(allocator, rows, sliding_window, revert_fixes)
             self.pools.append(AccountedPool(
                 "swa", allocator.swa,
-                getattr(cache, "swa_evictable_size", no_slots),
-                getattr(cache, "swa_protected_size", no_slots),
+                cache.swa_evictable_size,
+                cache.swa_protected_size,
                 req_not_owned_prefix=self.swa_window.not_owned_prefix,
                 session_held=(lambda: store.held_swa_slots(self.page_size)) if store
                 else no_slots,
-                evict=getattr(cache, "evict_swa", self.full.evict),
+                evict=cache.evict_swa,
             ))
         # Speculative decoding: each round keeps `spec_reserve_len` slots allocated past the
         # committed length (the algorithm's footprint); None = no speculation.
@@ -156,7 +156,10 @@ class KVManager:
         row = self.rows.alloc()
         if row is None:
             return False
-        match = self.cache.match_prefix(req.all_ids[:-1])
+        # Prompt logprobs need every prompt position computed: such a request reads no
+        # cached prefix (what it computes is inserted at its end like any other).
+        reads_cache = req.sampling.prompt_logprobs is None
+        match = self.cache.match_prefix(req.all_ids[:-1] if reads_cache else [])
         req.req_pool_idx = row
         req.is_retracted = False
         req.last_node = match.node

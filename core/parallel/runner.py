@@ -32,12 +32,12 @@ class TPModelRunner(ModelRunner):
         if self.device.type == "cpu":
             row_argmax.available()
 
-    def sample(self, logits: torch.Tensor, step: PreparedStep) -> Sampled:
+    def _sample(self, step: PreparedStep, logits: torch.Tensor) -> Sampled:
         rows = len(step.sample_rows)
         message = torch.empty(2, rows, dtype=torch.int64)
         sampled: Sampled | None = None
         if self.shard.rank == 0:
-            sampled = super().sample(logits, step)
+            sampled = super()._sample(step, logits)
             message[0] = torch.tensor(sampled.ids, dtype=torch.int64)
             message[1] = torch.tensor([e is not None for e in sampled.errors], dtype=torch.int64)
         self.shard.broadcast_(message)

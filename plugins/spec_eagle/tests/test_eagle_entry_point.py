@@ -9,7 +9,8 @@ from importlib.metadata import entry_points
 
 from plugserve.config import EngineConfig
 from plugserve.plugins import PluginHost, get_plugin_host
-from plugserve.registry import SpecCapabilities, validate_config
+from plugserve.registry import SpecCapabilities
+from plugserve.validation import validate_config
 
 INSTALL = "pip install --no-deps -e plugins/spec_eagle"
 
