@@ -141,13 +141,14 @@ def spawn_ranks(engine_cls: Any, config: Any, plugins: Sequence[str], addr: str,
 
     return mp.start_processes(
         _rank_main, args=(engine_cls, config, tuple(plugins), addr, port, world_size,
-                          torch.get_num_threads()),
+                          torch.get_num_threads(), os.getpid()),
         nprocs=world_size - 1, join=False, daemon=True, start_method="spawn")
 
 
 def _rank_main(index: int, engine_cls: Any, config: Any, plugins: tuple[str, ...], addr: str,
-               port: int, world_size: int, threads: int) -> None:
-    """A child rank: place itself in the world, build its engine, follow rank 0."""
+               port: int, world_size: int, threads: int, parent: int) -> None:
+    """A child rank: place itself in the world, build its engine, follow rank 0 (process
+    `parent`)."""
     import torch
 
     rank = index + 1
@@ -155,15 +156,16 @@ def _rank_main(index: int, engine_cls: Any, config: Any, plugins: tuple[str, ...
                        "LOCAL_RANK": str(rank), "MASTER_ADDR": addr,
                        "MASTER_PORT": str(port), SPAWNED_ENV: "1"})
     torch.set_num_threads(threads)
-    watch_parent()
+    watch_parent(parent)
     from plugserve.parallel.follower import run_follower_rank
 
     run_follower_rank(engine_cls, config, plugins)
 
 
-def watch_parent() -> None:
-    """End this process when its parent (rank 0) is gone, whatever this process is doing."""
-    parent = os.getppid()
+def watch_parent(parent: int) -> None:
+    """End this process when its parent (rank 0, process `parent`) is gone, whatever this
+    process is doing. The pid comes from rank 0 itself: rank 0 may die while this process is
+    still importing, before it could ask for its parent (it would get its new parent, init)."""
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -14,6 +14,8 @@ from plugserve.testing import EngineTest
 from plugserve.testing.conformance.models import eagle_head_dir
 from plugserve.testing.reference import random_prompts
 
+pytestmark = pytest.mark.integration  # runs the spec_eagle plugin
+
 VOCAB = 256
 CASES = {
     "chain-page1": {"page_size": 1, "spec_topk": 1},

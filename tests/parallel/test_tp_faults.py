@@ -169,6 +169,7 @@ class TestStartupRefusals(EngineTest):
                                  "WORLD_SIZE=3 but tp_size=2"):
             self.engine(model=no_weights, tp_size=2)
 
+    @pytest.mark.integration  # names the triton plugin's backend
     def test_backend_without_tensor_parallel(self, no_weights: str) -> None:
         with pytest.raises(EngineStartError, match="does not support tensor parallelism "
                                                    r"\(tp_size=2\); backends that do: "):

@@ -36,12 +36,12 @@ def test_two_torchrun_launches_serve_a_request(
 
     model = str(tp_models("llama"))
     rendezvous, http_port = _free_port(), _free_port()
-    torchrun = str(Path(sys.executable).parent / "torchrun")
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` command
     launches = []
     for node in range(2):
         with (tmp_path / f"node{node}.log").open("wb") as log:  # the launch keeps its copy
             launches.append(session_process(
-                [torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                [*torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                  "--rdzv-endpoint", f"127.0.0.1:{rendezvous}", "--rdzv-id", f"tp-{rendezvous}",
                  "-m", "plugserve", "serve", "--tp", "2", "--model", model,
                  "--port", str(http_port), "--mem-check", "1", "--check-pages"],
