@@ -22,7 +22,7 @@ from plugserve.outputs import GenerateResult, StreamEvent, generate_result
 from plugserve.parallel.cross_check import TP_RANK1_SKIPS_FREE, CrossRankCheck, skip_one_free
 from plugserve.parallel.leader import LeaderScheduler
 from plugserve.parallel.runner import TPModelRunner
-from plugserve.parallel.runtime import TensorParallel
+from plugserve.parallel.runtime import RankMemory, TensorParallel
 from plugserve.plugins import PluginHost, load_plugins
 from plugserve.pools.allocator import ceil_align
 from plugserve.request_input import PromptError, token_ids
@@ -180,7 +180,8 @@ class Engine:
         if self.tp is not None and TP_RANK1_SKIPS_FREE in cfg.revert_fixes and self.tp.rank == 1:
             skip_one_free(self.kv.allocator)
         if self.tp is not None:
-            self.tp.wait_for_all_built()
+            self.tp.wait_for_all_built(
+                RankMemory.of(self.model, self.kv_pool, self.kv.allocator.total_slots))
         self.hook_pm.hook.plugserve_engine_configured(config=cfg, scheduler=self.scheduler)
         self._rids = itertools.count()
         self._closed = False

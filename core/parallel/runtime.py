@@ -21,9 +21,11 @@ went away is named, the other ranks are ended).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +51,29 @@ READY_POLL_S = 0.1
 CLOSE_GRACE_S = 10.0
 
 
+@dataclass(frozen=True)
+class RankMemory:
+    """What one rank holds in memory: its weights (its shard, plus what is replicated) and
+    its KV pools' buffers (its KV heads of every slot)."""
+
+    weights_bytes: int
+    kv_pool_bytes: int
+    kv_pool_slots: int
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, kv_pool: Any, kv_pool_slots: int) -> RankMemory:
+        weights = sum(t.numel() * t.element_size()
+                      for t in [*model.parameters(), *model.buffers()])
+        kv = sum(t.numel() * t.element_size()
+                 for t in [*kv_pool.k_buffer.values(), *kv_pool.v_buffer.values()])
+        return cls(weights, kv, kv_pool_slots)
+
+    def describe(self) -> str:
+        mib = 1 << 20
+        return (f"{self.weights_bytes / mib:.1f} MiB of weights and "
+                f"{self.kv_pool_bytes / mib:.1f} MiB of KV pool ({self.kv_pool_slots} slots)")
+
+
 class TensorParallel:
     """This process's rank of one tensor-parallel engine (see the module docstring)."""
 
@@ -69,6 +94,7 @@ class TensorParallel:
         self.channel = CommandChannel(self.command_group, self.rank, config.tp_timeout_s)
         self.device = rank_device(config, place)
         self._closed = False
+        self.memory_per_rank: list[RankMemory] = []
 
     # --- start-up ---------------------------------------------------------------------------
     @classmethod
@@ -136,21 +162,30 @@ class TensorParallel:
         aborted, a session opened or closed); the followers make it before the next step."""
         self.channel.pending.append(command)
 
-    def wait_for_all_built(self) -> None:
+    def wait_for_all_built(self, memory: RankMemory) -> None:
         """Every rank has its shard and its KV memory (however long loading took): from here
-        on the ranks step together and a late one is a hung one."""
+        on the ranks step together and a late one is a hung one. The ranks exchange what
+        each holds (`memory_per_rank`, logged by rank 0)."""
+        gathered: list[Any] = [None] * self.world_size
         try:
-            dist.barrier(group=self.command_group)
+            dist.all_gather_object(gathered, memory, group=self.command_group)
         except RuntimeError as exc:
             raise self.fail(CollectiveError(
                 f"waiting for the tensor-parallel ranks to load failed on rank {self.rank}: "
                 f"{str(exc).splitlines()[0]}")) from exc
+        self.memory_per_rank = list(gathered)
+        if self.leads:
+            for rank, held in enumerate(self.memory_per_rank):
+                log.info("tensor-parallel rank %d of %d holds %s", rank, self.world_size,
+                         held.describe())
 
     def stats(self) -> dict[str, Any]:
-        """This rank's place and the seconds its forwards spent in the model's collectives
-        (all-reduces, gathers, broadcasts: the waits for the other ranks included)."""
+        """This rank's place, what every rank holds, and the seconds this rank's forwards
+        spent in the model's collectives (all-reduces, gathers, broadcasts: the waits for the
+        other ranks included)."""
         return {"rank": self.rank, "world_size": self.world_size, "backend": self.backend,
-                "collectives_s": self.shard.comm_s}
+                "collectives_s": self.shard.comm_s,
+                "memory_per_rank": [dataclasses.asdict(m) for m in self.memory_per_rank]}
 
     @property
     def closed(self) -> bool:

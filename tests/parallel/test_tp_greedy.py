@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from plugserve.engine import Engine
+from plugserve.parallel.runtime import RankMemory
 from plugserve.sampling import SamplingParams
 from plugserve.testing import EngineTest
 from plugserve.testing.reference import hf_greedy, random_prompts
@@ -93,10 +94,17 @@ class TestTensorParallelGreedy(EngineTest):
         expected = reference(model_dir, prompts, max_new)
         with self.engine(model=str(model_dir), **overrides) as one:
             tp1 = [r.token_ids for r in one.generate(prompts, _greedy(max_new))]
+            whole = RankMemory.of(one.model, one.kv_pool, one.kv.allocator.total_slots)
         assert tp1 == expected, "TP=1 itself differs from transformers"
         with self.engine(model=str(model_dir), tp_size=2, **overrides) as engine:
             assert engine.tp is not None and engine.tp.world_size == 2
             assert engine.backend.ctx.num_heads == engine.arch.num_attention_heads // 2
+            per_rank = engine.stats()["tensor_parallel"]["memory_per_rank"]
+            assert len(per_rank) == 2
+            for held in per_rank:  # each rank holds about half the weights and KV heads
+                assert held["weights_bytes"] <= 0.6 * whole.weights_bytes, (held, whole)
+                assert held["kv_pool_bytes"] / held["kv_pool_slots"] <= \
+                    0.6 * whole.kv_pool_bytes / whole.kv_pool_slots, (held, whole)
             for round_ in range(2):  # the second round starts from a warm prefix cache
                 results = engine.generate(prompts, _greedy(max_new))
                 assert [r.error for r in results] == [None] * len(prompts)
