@@ -104,7 +104,11 @@ def plugserve_register_spec_algorithms(register: RegisterSpecAlgorithm) -> None:
 def plugserve_register_fix_toggles(register: RegisterFixToggle) -> None:
     # Each toggle is defined next to the rule it reverts.
     from plugserve.cache.swa_radix import SWA_MATCH_ACROSS_TOMBSTONE
-    from plugserve.mem.manager import FINISH_OVERALLOC_UNALIGNED, RETRACT_NO_RESET
+    from plugserve.mem.manager import (
+        FINISH_OVERALLOC_UNALIGNED,
+        FORK_WITHOUT_LOCK,
+        RETRACT_NO_RESET,
+    )
     from plugserve.mem.session_kv import SESSION_DOUBLE_COUNT, SESSION_RETRACT_TAIL_LEAK
     from plugserve.mem.spec_accounting import SPEC_V2_BONUS_PRECLAIM
     from plugserve.mem.swa_window import SWA_EVICT_PARTIAL_PAGE, SWA_UNCACHED_FROM_PROTECTED
@@ -113,6 +117,6 @@ def plugserve_register_fix_toggles(register: RegisterFixToggle) -> None:
     for toggle in (
         BATCH_IDENTITY, FINISH_OVERALLOC_UNALIGNED, RETRACT_NO_RESET, SPEC_V2_BONUS_PRECLAIM,
         SESSION_DOUBLE_COUNT, SESSION_RETRACT_TAIL_LEAK, SWA_UNCACHED_FROM_PROTECTED,
-        SWA_EVICT_PARTIAL_PAGE, SWA_MATCH_ACROSS_TOMBSTONE,
+        SWA_EVICT_PARTIAL_PAGE, SWA_MATCH_ACROSS_TOMBSTONE, FORK_WITHOUT_LOCK,
     ):
         register(toggle, toggle.description)

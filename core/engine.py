@@ -18,12 +18,13 @@ from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
-from plugserve.outputs import GenerateResult, StreamEvent, generate_result
+from plugserve.outputs import GenerateResult, StreamEvent, generate_result, group_result
 from plugserve.plugins import PluginHost, load_plugins
 from plugserve.pools.allocator import ceil_align
 from plugserve.request_input import PromptError, token_ids
 from plugserve.runner.model_runner import ModelRunner
 from plugserve.sampling import SamplingParams, is_int
+from plugserve.sched.samples import add_samples, run_sampling, samples_problems
 from plugserve.sched.scheduler import Scheduler
 from plugserve.spec.base import SpecAlgorithm, SpecContext
 from plugserve.structs.req import Req
@@ -199,10 +200,14 @@ class Engine:
     def submit(
         self, prompt: str | list[int], sampling: SamplingParams | None = None, *,
         chat: bool = False, session_id: str | None = None, session_offset: int | None = None,
+        streaming: bool = False,
     ) -> Req:
         """Queue one request. A bad request (malformed prompt, invalid sampling parameters)
         never raises: it comes back finished with reason "error" and `error` set, unqueued.
-        Raises only when the engine itself cannot serve (closed, or stopped by an error)."""
+        Raises only when the engine itself cannot serve (closed, or stopped by an error).
+        With `sampling.n` (or `best_of`) > 1 the returned request is sample 0 and
+        `req.group` holds every sample (plugserve.sched.samples); `streaming` refuses
+        best_of > n, whose choice is known only once all finished."""
         if self._closed:
             raise RuntimeError("engine is closed")
         if self._failed is not None:
@@ -226,6 +231,7 @@ class Engine:
                     if session_id is not None:
                         ids = self._session(session_id).turn_ids(session_id, ids, session_offset)
                     problems = self._problems(ids, sp)
+                    problems += samples_problems(sp, session_id, streaming)
                 except SessionError as exc:
                     problems = [str(exc)]
                 except Exception as exc:  # a check that itself failed: reject, never raise
@@ -240,10 +246,13 @@ class Engine:
             req.error = "; ".join(problems)
             req.finish_released = True
         else:
-            req = Req(rid, ids, sp, session_id=session_id)
+            req = Req(rid, ids, run_sampling(sp), session_id=session_id)
+            req.logprobs_asked = sp.logprobs
             if session_id is not None:
                 self._session(session_id).begin_turn(req, session_offset)
             self.scheduler.add_request(req)
+            for child in add_samples(req, lambda: next(self._rids), self.kv.forks_prompts):
+                self.scheduler.add_request(child)
         return req
 
     # --- streaming sessions -----------------------------------------------------------------
@@ -267,7 +276,12 @@ class Engine:
         return sessions
 
     def abort(self, req: Req) -> bool:
+        """End one request (one sample of an n > 1 request: the others go on)."""
         return self.scheduler.abort(req.rid)
+
+    def abort_samples(self, req: Req) -> bool:
+        """End every sample of `req`'s group (`req` is the group's first sample)."""
+        return any([self.scheduler.abort(r.rid) for r in req.group])
 
     def generate(
         self,
@@ -284,7 +298,8 @@ class Engine:
         reqs = self._submit_all(prompts, sampling, chat, session_id, session_offset)
         with self._stop_on_error():
             self.scheduler.run_until_idle()
-        return [self._result(i, r) for i, r in enumerate(reqs)]
+        return [group_result(i, r, self.tokenizer.decode, r.logprobs_asked)
+                for i, r in enumerate(reqs)]
 
     def stream(
         self,
@@ -299,17 +314,26 @@ class Engine:
         exactly one final event (finished=True, `result` set), however it ended: finished,
         aborted while waiting or while running, or rejected at submit. Sessions as in
         `generate`."""
-        reqs = self._submit_all(prompts, sampling, chat, session_id, session_offset)
+        parents = self._submit_all(prompts, sampling, chat, session_id, session_offset,
+                                   streaming=True)
+        # Every sample of every prompt, with its prompt's index.
+        index = [i for i, p in enumerate(parents) for _ in p.group]
+        reqs = [r for p in parents for r in p.group]
         sent = [0] * len(reqs)
         done = [False] * len(reqs)
         sched = self.scheduler
 
-        def event(i: int, req: Req, final: bool) -> StreamEvent:
-            new = req.output_ids[sent[i] :]
-            sent[i] += len(new)
-            done[i] = final
-            return StreamEvent(i, new, self.tokenizer.decode(new), final,
-                               self._result(i, req) if final else None)
+        def event(k: int, req: Req, final: bool) -> StreamEvent:
+            new = req.output_ids[sent[k] :]
+            sent[k] += len(new)
+            done[k] = final
+            result = None
+            if final:
+                result = self._result(index[k], req)
+                if not req.logprobs_asked:
+                    result.logprobs = None
+            return StreamEvent(index[k], new, self.tokenizer.decode(new), final, result,
+                               sample_index=req.sample_index)
 
         while True:
             with self._stop_on_error():
@@ -340,8 +364,9 @@ class Engine:
         chat: bool,
         session_id: str | None = None,
         session_offset: int | None = None,
+        streaming: bool = False,
     ) -> list[Req]:
-        """Queue one call's requests. A bad request comes back from submit finished with an
+        """Queue one call's requests (each with its samples when n > 1). A bad request comes back from submit finished with an
         error; should submit raise anyway (engine closed or stopped), nothing of this call
         stays queued."""
         if isinstance(prompts, str):
@@ -351,10 +376,10 @@ class Engine:
         try:
             for p, sp in zip(prompts, params, strict=True):
                 reqs.append(self.submit(p, sp, chat=chat, session_id=session_id,
-                                        session_offset=session_offset))
+                                        session_offset=session_offset, streaming=streaming))
         except BaseException:
             for r in reqs:
-                self.abort(r)
+                self.abort_samples(r)
             raise
         return reqs
 
@@ -385,6 +410,7 @@ class Engine:
 
     def _result(self, index: int, req: Req) -> GenerateResult:
         return generate_result(index, req, self.tokenizer.decode)
+
 
     # --- introspection ----------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
