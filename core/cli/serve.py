@@ -83,6 +83,9 @@ def serve_command(
     max_logprobs: Annotated[
         int | None, _int("Most logprobs alternatives a request may ask per token (default 20).")
     ] = None,
+    max_n: Annotated[
+        int | None, _int("Most samples a request may ask per prompt, n and best_of (default 16).")
+    ] = None,
     max_running_requests: Annotated[int | None, _int("Request rows (batch size limit).")] = None,
     kv_pool_tokens: Annotated[int | None, _int("KV slots per pool.")] = None,
     context_len: Annotated[int | None, _int("Max tokens per request.")] = None,
@@ -134,6 +137,7 @@ def serve_command(
             "host": host, "port": port, "api_key": api_key, "max_waiting": max_waiting,
             "max_body_bytes": max_body_bytes, "served_model_name": served_model_name,
             "shutdown_timeout_s": shutdown_timeout, "max_logprobs": max_logprobs,
+            "max_n": max_n,
         }
         settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
         with stderr_logging(log_level, config.mem_check):

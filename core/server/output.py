@@ -52,6 +52,7 @@ class Choice:
     include_stop: bool = False
     keep_tokens: bool = True  # False: max_tokens 0 (the one sampled token is not returned)
     prompt_ids: list[int] = field(default_factory=list)
+    counts_prompt: bool = True  # n > 1: only a prompt's first sample counts it in usage
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[Top] = field(default_factory=list)
@@ -103,12 +104,28 @@ class Choice:
         return len(self.token_ids)
 
 
+def best_choices(choices: list[Choice], n: int, per_prompt: int) -> list[Choice]:
+    """best_of > n: per prompt, the n samples of the highest cumulative logprob (ties: the
+    lower sample first), indexed prompt_i * n + rank as OpenAI does."""
+    if per_prompt == n:
+        return choices
+    out: list[Choice] = []
+    for start in range(0, len(choices), per_prompt):
+        group = choices[start:start + per_prompt]
+        ranked = sorted(group, key=lambda c: -sum(c.logprobs))[:n]
+        for rank, choice in enumerate(ranked):
+            choice.index, choice.counts_prompt = len(out), rank == 0
+            out.append(choice)
+    return out
+
+
 def usage(choices: list[Choice]) -> dict[str, Any]:
-    prompt = sum(c.prompt_tokens for c in choices)
+    """Prompt tokens once per prompt (however many samples it has), completions summed."""
+    prompt = sum(c.prompt_tokens for c in choices if c.counts_prompt)
     completion = sum(c.completion_tokens for c in choices)
     out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
                            "total_tokens": prompt + completion}
-    cached = sum(c.cached_tokens for c in choices)
+    cached = sum(c.cached_tokens for c in choices if c.counts_prompt)
     out["prompt_tokens_details"] = {"cached_tokens": cached}
     return out
 

@@ -100,13 +100,10 @@ class GenerationFields(Body):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError(
-                f"n must be 1, got {value}: this server returns one choice per prompt; send "
-                "the prompt several times (with different seeds) for more"
-            )
-        return value
+    def _some_choices(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"n must be at least 1, got {value}")
+        return value  # the upper bound is the server's --max-n
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -155,12 +152,13 @@ class CompletionRequest(GenerationFields):
                 "back, nothing generated); otherwise ask for at least 1", {})
         return self
 
-    @field_validator("best_of")
-    @classmethod
-    def _best_of(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise ValueError(f"best_of must be 1, got {value}: one choice per prompt")
-        return value
+    @model_validator(mode="after")
+    def _best_of_at_least_n(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of < self.n:
+            raise PydanticCustomError(
+                "value_error", "best_of must be at least n ({n}), got {best_of}",
+                {"n": self.n, "best_of": self.best_of})
+        return self
 
     @field_validator("suffix")
     @classmethod

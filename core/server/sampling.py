@@ -79,7 +79,26 @@ def _sampling(body: GenerationFields, max_new_tokens: int, *, logprobs: bool, to
         min_tokens=body.min_tokens,
         skip_special_tokens=body.skip_special_tokens,
         include_stop_str_in_output=body.include_stop_str_in_output,
+        n=body.n,
+        best_of=getattr(body, "best_of", None),
     )
+
+
+def check_samples(gen: Generation, max_n: int, stream: bool) -> None:
+    """n and best_of within the server's --max-n; best_of > n is chosen after all samples
+    finish, so it cannot be streamed (vLLM refuses it too)."""
+    sp = gen.sampling
+    for name, value in (("n", sp.n), ("best_of", sp.best_of)):
+        if value is not None and value > max_n:
+            raise APIError(400, f"{name} is {value}; this server allows at most {max_n} "
+                                "samples per prompt (--max-n)", param=name)
+    if stream and sp.best_of is not None and sp.best_of > sp.n:
+        raise APIError(400, f"best_of ({sp.best_of}) > n ({sp.n}) cannot be streamed: the "
+                            "best samples are known only when all finished; send stream=false "
+                            "or best_of=n", param="best_of")
+    if gen.session_id is not None and sp.num_samples > 1:
+        raise APIError(400, f"a session turn takes one sample, got n={sp.n}, best_of="
+                            f"{sp.best_of}: its KV becomes the session's", param="n")
 
 
 def completion_generation(body: CompletionRequest, tokenizer: Any, max_logprobs: int
