@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from plugserve.engine import Engine
 from plugserve.pools.allocator import floor_align
 from plugserve.sampling import SamplingParams, sample_seed
 from plugserve.testing import EngineTest
@@ -185,25 +184,3 @@ class TestNSamples(EngineTest):
         assert "n must be an int >= 1, got 0" in (bad_n.error or "")
         assert "best_of must be None or an int >= n (3), got 2" in (bad_best.error or "")
         assert "streaming-session turn takes one sample" in (turn.error or "")
-
-
-def _run_group(engine: Engine) -> None:
-    engine.generate([_prompt(40)], SamplingParams(max_new_tokens=12, ignore_eos=True, n=3))
-
-
-class TestForkWithoutLock(EngineTest):
-    """The natural mistake: fork onto the parent's pages without taking the cache lock."""
-
-    env = {"PLUGSERVE_PAGE_SIZE": "4"}
-
-    def test_fixed(self, tiny_model_dir: Path) -> None:
-        with self.engine(model=str(tiny_model_dir)) as engine:
-            _run_group(engine)
-            self.assert_idle_memory_whole(engine)
-
-    def test_reverted_fails(self, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setenv("PLUGSERVE_REVERT_FIX", "fork_without_lock")
-        with self.engine(model=str(tiny_model_dir)) as engine, pytest.raises(
-            AssertionError, match="unlocked more often than locked"
-        ):
-            _run_group(engine)
