@@ -104,11 +104,8 @@ def plugserve_register_spec_algorithms(register: RegisterSpecAlgorithm) -> None:
 def plugserve_register_fix_toggles(register: RegisterFixToggle) -> None:
     # Each toggle is defined next to the rule it reverts.
     from plugserve.cache.swa_radix import SWA_MATCH_ACROSS_TOMBSTONE
-    from plugserve.mem.manager import (
-        FINISH_OVERALLOC_UNALIGNED,
-        FORK_WITHOUT_LOCK,
-        RETRACT_NO_RESET,
-    )
+    from plugserve.mem.manager import FINISH_OVERALLOC_UNALIGNED, RETRACT_NO_RESET
+    from plugserve.mem.sample_fork import FORK_WITHOUT_LOCK
     from plugserve.mem.session_kv import SESSION_DOUBLE_COUNT, SESSION_RETRACT_TAIL_LEAK
     from plugserve.mem.spec_accounting import SPEC_V2_BONUS_PRECLAIM
     from plugserve.mem.swa_window import SWA_EVICT_PARTIAL_PAGE, SWA_UNCACHED_FROM_PROTECTED

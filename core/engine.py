@@ -251,7 +251,7 @@ class Engine:
             if session_id is not None:
                 self._session(session_id).begin_turn(req, session_offset)
             self.scheduler.add_request(req)
-            for child in add_samples(req, lambda: next(self._rids), self.kv.forks_prompts):
+            for child in add_samples(req, lambda: next(self._rids), self.kv.forks.enabled):
                 self.scheduler.add_request(child)
         return req
 

@@ -25,9 +25,10 @@ evicts from the prefix cache), so the act that follows cannot fail; the schedule
 arithmetic of its own.
 
 Next door, on the same data: speculative committed-length bookkeeping (pre-claims under the
-overlap loop) in `plugserve.mem.spec_accounting` (owned here, `self.spec`), and the KV of
+overlap loop) in `plugserve.mem.spec_accounting` (owned here, `self.spec`), the KV of
 streaming sessions (a turn borrows its session's row and KV and hands them back) in
-`plugserve.mem.session_kv`.
+`plugserve.mem.session_kv`, and the samples of an n > 1 request forking their parent's
+cached prompt in `plugserve.mem.sample_fork` (`self.forks`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 from plugserve.cache.base import PrefixCache
 from plugserve.fixes import FixToggle
 from plugserve.mem.accounting import AccountedPool, PoolTerms, no_slots
+from plugserve.mem.sample_fork import FORK_WITHOUT_LOCK, SampleFork
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionStore
 from plugserve.mem.spec_accounting import SpecAccounting
@@ -52,10 +54,6 @@ FINISH_OVERALLOC_UNALIGNED = FixToggle(
 )
 RETRACT_NO_RESET = FixToggle(
     "retract_no_reset", "retract a request without resetting its KV lengths"
-)
-FORK_WITHOUT_LOCK = FixToggle(
-    "fork_without_lock",
-    "fork a sample onto its parent's cached prompt pages without taking the cache lock",
 )
 
 
@@ -111,7 +109,7 @@ class KVManager:
         )
         self._overalloc_from_committed = FINISH_OVERALLOC_UNALIGNED in revert_fixes
         self._retract_keeps_lengths = RETRACT_NO_RESET in revert_fixes
-        self._fork_without_lock = FORK_WITHOUT_LOCK in revert_fixes
+        self.forks = SampleFork(self, without_lock=FORK_WITHOUT_LOCK in revert_fixes)
 
     @property
     def allocator(self) -> PagedAllocator:
@@ -179,62 +177,14 @@ class KVManager:
             req.cached_tokens = match.length
         return True
 
-    # --- n > 1: forking a sample onto its parent's prompt ------------------------------------
-    # The pages are shared through the prefix cache: the parent's prompt was inserted (and
-    # locked by it) after its prefill; a fork locks the same node, so every shared page is
-    # counted once, as `protected`, whoever ends first. No new owner kind, no copy: the
-    # partial last page (at least the last token) is computed again by the sample itself.
-    @property
-    def forks_prompts(self) -> bool:
-        """Whether samples share their parent's prompt (the cache keeps a running request's
-        prompt); otherwise (cache `none`, or `swa_radix` with a SWA pool) each prefills."""
-        return self.prefix_sharing and self.cache.caches_unfinished
-
-    def fork_shared_len(self, req: Req) -> int:
-        """Prompt positions a sample takes from its parent: the full pages before the last
-        prompt token (whose logits the sample needs, so it is always computed)."""
-        if req.fork_parent is None or req.output_ids or not self.forks_prompts:
-            return 0
-        return floor_align(len(req.origin_input_ids) - 1, self.page_size)
-
-    def fork_pending(self, req: Req) -> bool:
-        """A sample waits while its parent's prompt is not cached yet (the parent waits, is
-        mid-prefill or its prefill is not folded in); a parent that ended releases into the
-        cache, and the sample is admitted like any request then."""
-        parent, shared = req.fork_parent, self.fork_shared_len(req)
-        if parent is None or shared == 0 or parent.finished():
-            return False
-        return not self._parent_shares(parent, shared)
-
-    def _parent_shares(self, parent: Req, shared: int) -> bool:
-        return (parent.req_pool_idx is not None and not parent.finished()
-                and parent.is_chunked == 0 and parent.cache_protected_len >= shared)
-
+    # --- n > 1: a sample forks its parent's cached prompt (plugserve.mem.sample_fork) -------
     def can_fork(self, req: Req) -> bool:
         """Whether `fork` can run now: a free row, and the parent still locks its prompt."""
-        shared = self.fork_shared_len(req)
-        return (shared > 0 and req.req_pool_idx is None and self.rows.available_rows() > 0
-                and req.fork_parent is not None and self._parent_shares(req.fork_parent, shared))
+        return self.forks.can_fork(req)
 
     def fork(self, req: Req) -> None:
         """Admit a sample with its parent's cached prompt pages, locked for the sample too."""
-        parent, shared = req.fork_parent, self.fork_shared_len(req)
-        assert parent is not None and parent.req_pool_idx is not None
-        match = self.cache.match_prefix(req.origin_input_ids[:shared])
-        parent_slots = self.rows.req_to_token[parent.req_pool_idx, :shared]
-        if match.length != shared or not torch.equal(match.slots.to(parent_slots.device),
-                                                     parent_slots):
-            raise RuntimeError(f"fork of {req}: the cache holds {match.length} of the "
-                               f"{shared} prompt positions its parent {parent} locks")
-        row = self.rows.alloc()
-        assert row is not None, "fork without a free row: can_fork first"
-        req.req_pool_idx, req.is_retracted, req.last_node = row, False, match.node
-        if not self._fork_without_lock:
-            self.cache.inc_lock_ref(match.node)
-        self.rows.write(row, 0, match.slots)
-        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = shared
-        if req.retract_count == 0:
-            req.cached_tokens = shared
+        self.forks.fork(req)
 
     def unadmit(self, req: Req) -> None:
         """Undo `admit` for a request that got no memory this step (nothing else was taken)."""

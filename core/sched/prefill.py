@@ -70,7 +70,7 @@ class PrefillAdder:
                 # Another request of this batch is computing the same long prefix: it waits
                 # one step and reuses it from the cache instead of computing it twice.
                 continue
-            if self.kv.fork_pending(req):
+            if self.kv.forks.pending(req):
                 continue  # a sample of n > 1: it forks once its parent's prompt is cached
             if self.kv.can_fork(req):
                 self.kv.fork(req)

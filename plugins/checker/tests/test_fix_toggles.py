@@ -125,7 +125,7 @@ class TestForkWithoutLock(EngineTest):
     def test_reverted_fails(self, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("PLUGSERVE_REVERT_FIX", "fork_without_lock")
         with self.engine(model=str(tiny_model_dir)) as engine, pytest.raises(
-            KVCorruptionError, match="unlocked prefix: live requests. protected prefixes cover"
+            KVCorruptionError, match="unlocked prefix: live requests' protected prefixes cover"
         ):
             # Once the parent's lock is gone, the samples read pages nobody locks.
             _fork_then_abort_parent(engine)
