@@ -130,6 +130,26 @@ class TestNSamples(EngineTest):
         for res, want in zip(out, ref, strict=True):
             assert [s.token_ids for s in res.samples] == [want] * 3
 
+    @LOOPS
+    def test_mixed_chunk_with_staggered_arrivals(
+        self, tiny_model_dir: Path, overlap: bool
+    ) -> None:
+        prompts = [_prompt(30), _prompt(45, salt=5), _prompt(12, salt=6)]
+        sp = SamplingParams(max_new_tokens=10, ignore_eos=True, n=2)
+        with self.engine(model=str(tiny_model_dir), page_size=4, overlap=overlap,
+                         enable_mixed_chunk=True, chunked_prefill_size=16) as engine:
+            first = engine.submit(prompts[0], sp)
+            for _ in range(3):
+                engine.step()
+            later = [engine.submit(p, sp) for p in prompts[1:]]
+            for _ in range(300):
+                if not engine.step() and engine.is_idle():
+                    break
+            self.assert_idle_memory_whole(engine)
+        ref = hf_greedy(tiny_model_dir, prompts, [10] * 3)
+        for parent, want in zip([first, *later], ref, strict=True):
+            assert [r.output_ids for r in parent.group] == [want, want]
+
     def test_no_cache_every_sample_prefills(self, tiny_model_dir: Path) -> None:
         prompt = _prompt(33)
         sp = SamplingParams(max_new_tokens=3, ignore_eos=True, n=3)
@@ -184,3 +204,22 @@ class TestNSamples(EngineTest):
         assert "n must be an int >= 1, got 0" in (bad_n.error or "")
         assert "best_of must be None or an int >= n (3), got 2" in (bad_best.error or "")
         assert "streaming-session turn takes one sample" in (turn.error or "")
+
+
+class TestNSamplesSlidingWindow(EngineTest):
+    """A hybrid sliding-window model (two pools): `swa_radix` caches a prompt only at its
+    request's end, so the samples do not fork: each prefills, every pool stays accounted."""
+
+    @LOOPS
+    def test_each_sample_prefills(self, tmp_path: Path, overlap: bool) -> None:
+        from plugserve.testing.tiny_models import make_tiny_model_dir
+
+        model = make_tiny_model_dir(tmp_path / "gemma3", arch="gemma3", seed=7)
+        prompt = _prompt(40)
+        sp = SamplingParams(max_new_tokens=20, ignore_eos=True, n=3)
+        with self.engine(model=str(model), page_size=16, overlap=overlap) as engine:
+            assert engine.config.cache == "swa_radix" and len(engine.kv.pools) == 2
+            out = engine.generate([prompt], sp)[0]
+            assert engine.stats()["prefill_tokens"] == 3 * 40
+            self.assert_idle_memory_whole(engine)
+        assert [s.token_ids for s in out.samples] == hf_greedy(model, [prompt], [20]) * 3
