@@ -134,3 +134,18 @@ def test_echo_with_n_gives_every_choice_the_prompt_logprobs(server: BackgroundSe
     assert first.logprobs.token_logprobs == second.logprobs.token_logprobs
     assert first.logprobs.token_logprobs[0] is None
     assert all(v is not None for v in first.logprobs.token_logprobs[1:])
+
+
+def test_stream_closed_mid_way_aborts_every_sample(server: BackgroundServer) -> None:
+    from conftest import wait_idle
+
+    stream = client(server).completions.create(
+        model=model_id(server), prompt=PROMPTS, max_tokens=200, temperature=1.0, n=3,
+        stream=True, extra_body={"ignore_eos": True})
+    seen = set()
+    for chunk in stream:
+        seen.update(c.index for c in chunk.choices)
+        if len(seen) == 6:
+            break
+    stream.close()
+    wait_idle(server)  # every sample aborted, the memory whole (checked on the engine thread)
