@@ -366,9 +366,9 @@ class Engine:
         session_offset: int | None = None,
         streaming: bool = False,
     ) -> list[Req]:
-        """Queue one call's requests (each with its samples when n > 1). A bad request comes back from submit finished with an
-        error; should submit raise anyway (engine closed or stopped), nothing of this call
-        stays queued."""
+        """Queue one call's requests (each with its samples when n > 1). A bad request comes
+        back from submit finished with an error; should submit raise anyway (engine closed or
+        stopped), nothing of this call stays queued."""
         if isinstance(prompts, str):
             prompts = [prompts]
         params = self._per_prompt(sampling, len(prompts))
@@ -410,7 +410,6 @@ class Engine:
 
     def _result(self, index: int, req: Req) -> GenerateResult:
         return generate_result(index, req, self.tokenizer.decode)
-
 
     # --- introspection ----------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

@@ -73,6 +73,9 @@ def top_logprobs_of(req: Req) -> list[list[tuple[int, float]]] | None:
 def prompt_logprobs_of(req: Req) -> tuple[list[float | None] | None,
                                            list[list[tuple[int, float]] | None] | None]:
     if req.sampling.prompt_logprobs is None:
+        parent = req.fork_parent
+        if parent is not None and parent.sampling.prompt_logprobs is not None:
+            return prompt_logprobs_of(parent)  # a forked sample: its parent computed them
         return None, None
     n = len(req.origin_input_ids)
     values: Sequence[float | None] = req.prompt_logprobs or [None] * n
@@ -119,10 +122,6 @@ def group_result(index: int, parent: Req, decode: Callable[..., str],
     best_of > n, the n samples of the highest cumulative logprob, best first (ties: lower
     sample index first); their logprobs stay only when they were asked for."""
     results = [generate_result(index, req, decode) for req in parent.group]
-    for res in results[1:]:
-        if res.prompt_logprobs is None and results[0].prompt_logprobs is not None:
-            res.prompt_logprobs = results[0].prompt_logprobs  # forked: computed once
-            res.prompt_top_logprobs = results[0].prompt_top_logprobs
     sp = parent.sampling
     if sp.best_of is not None and sp.best_of > sp.n:
         ranked = sorted(results, key=lambda r: -(r.cumulative_logprob or 0.0))

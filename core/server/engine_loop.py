@@ -300,10 +300,8 @@ class EngineLoop:
             event = Event("final" if final else "tokens", list(new), *self._logprobs(handle))
             if not handle.prompt_sent:  # the prefill is done: the prompt's logprobs are whole
                 handle.prompt_sent = True
-                # A forked sample's prompt logprobs are its parent's (computed once).
-                source = req.fork_parent if req.sampling.prompt_logprobs is None \
-                    and req.fork_parent is not None else req
-                event.prompt_logprobs, event.prompt_top_logprobs = prompt_logprobs_of(source)
+                # A forked sample's are its parent's (computed once).
+                event.prompt_logprobs, event.prompt_top_logprobs = prompt_logprobs_of(req)
             handle.sent += len(new)
             if final:
                 event.finish_reason, event.error, event.stop_str = (

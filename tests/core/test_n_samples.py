@@ -150,6 +150,24 @@ class TestNSamples(EngineTest):
         for parent, want in zip([first, *later], ref, strict=True):
             assert [r.output_ids for r in parent.group] == [want, want]
 
+    def test_prompt_logprobs_computed_once_given_to_every_sample(
+        self, tiny_model_dir: Path
+    ) -> None:
+        prompt = _prompt(26)
+        sp = SamplingParams(max_new_tokens=3, ignore_eos=True, prompt_logprobs=2)
+        with self.engine(model=str(tiny_model_dir), page_size=4) as engine:
+            alone = engine.generate([prompt], sp)[0]
+            engine.kv.cache.evict(engine.kv.allocator.total_slots)
+            before = engine.stats()["prefill_tokens"]
+            out = engine.generate([prompt], SamplingParams(
+                max_new_tokens=3, ignore_eos=True, prompt_logprobs=2, n=3))[0]
+            computed = engine.stats()["prefill_tokens"] - before
+            self.assert_idle_memory_whole(engine)
+        assert computed == _forked_prefill(26, 3, 4)
+        for s in out.samples:
+            assert s.prompt_logprobs == alone.prompt_logprobs
+            assert s.prompt_top_logprobs == alone.prompt_top_logprobs
+
     def test_no_cache_every_sample_prefills(self, tiny_model_dir: Path) -> None:
         prompt = _prompt(33)
         sp = SamplingParams(max_new_tokens=3, ignore_eos=True, n=3)

@@ -12,6 +12,7 @@ import openai
 
 from plugserve.sampling import SamplingParams
 from plugserve.server.background import BackgroundServer
+from tests.server.conftest import wait_idle
 
 PROMPTS = ["The capital of France is", "Once upon a time"]
 
@@ -137,8 +138,6 @@ def test_echo_with_n_gives_every_choice_the_prompt_logprobs(server: BackgroundSe
 
 
 def test_stream_closed_mid_way_aborts_every_sample(server: BackgroundServer) -> None:
-    from conftest import wait_idle
-
     stream = client(server).completions.create(
         model=model_id(server), prompt=PROMPTS, max_tokens=200, temperature=1.0, n=3,
         stream=True, extra_body={"ignore_eos": True})
