@@ -28,6 +28,7 @@ from plugserve.attention.base import (
     AttentionContext,
     AttentionLayer,
     cuda_device_scope,
+    kernels_or_cuda_library,
     resolve_reverts,
 )
 from plugserve.structs.forward_batch import ForwardBatch
@@ -89,14 +90,8 @@ class FA3AttentionBackend(AttentionBackend):
     ) -> None:
         super().__init__(ctx)
         self.refuse_invalid(ctx)
-        if kernels is None:
-            if torch.device(ctx.device).type != "cuda":
-                raise RuntimeError(
-                    f"attention backend 'fa3' runs FA3's CUDA kernels; device "
-                    f"{str(ctx.device)!r} is not CUDA (use --attention torch_native)"
-                )
-            kernels = import_fa3()
-        self.kernels = kernels
+        self.kernels = kernels_or_cuda_library(
+            ctx, kernels, backend=self.name, library="FA3's", load=import_fa3)
         self.revert_fixes = resolve_reverts(ctx, revert_fixes)
         self.page_table = PageTableBuffer(
             max_rows=ctx.max_batch_size * max(1, ctx.spec_topk), device=torch.device(ctx.device))

@@ -32,6 +32,7 @@ from plugserve.attention.base import (
     AttentionContext,
     AttentionLayer,
     cuda_device_scope,
+    kernels_or_cuda_library,
     resolve_reverts,
 )
 from plugserve.structs.forward_batch import ForwardBatch
@@ -99,14 +100,8 @@ class FlashInferAttentionBackend(AttentionBackend):
     ) -> None:
         super().__init__(ctx)
         self.refuse_invalid(ctx)
-        if kernels is None:
-            if torch.device(ctx.device).type != "cuda":
-                raise RuntimeError(
-                    f"attention backend 'flashinfer' runs FlashInfer's CUDA kernels; device "
-                    f"{str(ctx.device)!r} is not CUDA (use --attention torch_native)"
-                )
-            kernels = import_flashinfer()
-        self.kernels = kernels
+        self.kernels = kernels = kernels_or_cuda_library(
+            ctx, kernels, backend=self.name, library="FlashInfer's", load=import_flashinfer)
         self.revert_fixes = resolve_reverts(ctx, revert_fixes)
         device = torch.device(ctx.device)
         topk_factor = max(1, ctx.spec_topk)
