@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 import torch
 
@@ -25,7 +25,7 @@ from plugserve.kernels.paged_decode import PagedDecodePlan
 from plugserve.structs.forward_batch import ForwardBatch
 
 __all__ = ["AttentionBackend", "AttentionContext", "AttentionLayer", "BackendCapabilities",
-           "cuda_device_scope", "kernels_or_cuda_library", "resolve_reverts"]
+           "cuda_device_scope", "resolve_reverts"]
 
 M = TypeVar("M")
 
@@ -66,21 +66,6 @@ def resolve_reverts(ctx: AttentionContext, explicit: Iterable[str] | None) -> fr
     """The fix toggles a backend honours: `explicit` when given (tests), else the engine's
     start-up choice carried by the context (`AttentionContext.revert_fixes`)."""
     return ctx.revert_fixes if explicit is None else frozenset(explicit)
-
-
-def kernels_or_cuda_library(ctx: AttentionContext, kernels: Any | None, *, backend: str,
-                            library: str, load: Callable[[], Any]) -> Any:
-    """The kernels a backend runs: `kernels` when given (a CPU interpreter in tests), else the
-    CUDA library `load()` returns; a non-CUDA device is refused first, naming the backend and
-    whose kernels it runs (`library`, e.g. "FA3's")."""
-    if kernels is not None:
-        return kernels
-    if torch.device(ctx.device).type != "cuda":
-        raise RuntimeError(
-            f"attention backend {backend!r} runs {library} CUDA kernels; device "
-            f"{str(ctx.device)!r} is not CUDA (use --attention torch_native)"
-        )
-    return load()
 
 
 def cuda_device_scope(device: torch.device | str) -> contextlib.AbstractContextManager[object]:

@@ -99,4 +99,4 @@ class BackendRegistrationCases:
     def test_real_kernels_need_a_cuda_device(self) -> None:
         ctx = Shape(4).context(torch.device("cpu"))
         with pytest.raises(RuntimeError, match="device 'cpu' is not CUDA"):
-            self.backend_cls(ctx)  # type: ignore[call-arg]
+            self.backend_cls(ctx)

@@ -279,7 +279,7 @@ class InterpretedEngineCases(EngineTest):
         build: Any = self.backend_cls
         kernels = self.reference
 
-        class Interpreted(build):  # type: ignore[misc,valid-type]
+        class Interpreted(build):
             """The backend as the engine builds it (`cls(ctx)`), with the interpreter."""
 
             def __init__(self, ctx: AttentionContext) -> None:
