@@ -64,7 +64,7 @@ from plugserve.testing.paged_cases import (
 from plugserve.testing.tiny_models import make_tiny_model_dir
 
 __all__ = ["PROMPTS", "CudaEngineCases", "CudaKernelCases", "InterpretedEngineCases",
-           "InterpretedKernelCases", "greedy"]
+           "InterpretedKernelCases", "cases", "gpu_cases", "greedy", "skip_gpu_tests_unless"]
 
 Oracle = Callable[[ForwardBatch, torch.Tensor, Shape], torch.Tensor]
 
@@ -73,6 +73,30 @@ PROMPTS = [[(13 * i + 7 * j) % 250 + 1 for j in range(n)] for i, n in enumerate(
 PROMPTS.append([*PROMPTS[2][:30], 9, 8, 7])
 
 DTYPES = [torch.bfloat16, torch.float16]
+
+
+def skip_gpu_tests_unless(available: bool, items: list[pytest.Item], *, plugin_dir: str,
+                          reason: str) -> None:
+    """For a plugin's `pytest_collection_modifyitems`: skip its `gpu`-marked tests (those
+    under a path containing `plugin_dir`) with `reason` unless the kernels are `available`."""
+    if available:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if "gpu" in item.keywords and plugin_dir in str(item.path):
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def cases(request: pytest.FixtureRequest) -> Cases:
+    """Seeded per test, on the CPU (import it into the plugin's conftest)."""
+    return Cases(torch.device("cpu"), sum(map(ord, request.node.name)) % 10_000)
+
+
+@pytest.fixture
+def gpu_cases(request: pytest.FixtureRequest) -> Cases:
+    """Seeded per test, on CUDA (import it into the plugin's conftest)."""
+    return Cases(torch.device("cuda"), sum(map(ord, request.node.name)) % 10_000)
 
 
 def greedy(max_new_tokens: int) -> SamplingParams:
