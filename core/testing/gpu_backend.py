@@ -259,9 +259,10 @@ class CudaEngineCases(EngineTest):
     attention: ClassVar[str]
 
     @pytest.fixture(scope="class")
-    def model_dir(self, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    @classmethod
+    def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
         """A tiny Llama with head_dim 64 (the kernels need a supported head size)."""
-        return make_tiny_model_dir(tmp_path_factory.mktemp(f"{self.attention}_llama"),
+        return make_tiny_model_dir(tmp_path_factory.mktemp(f"{cls.attention}_llama"),
                                    arch="llama", seed=0, hidden_size=256,
                                    num_attention_heads=4, num_key_value_heads=2)
 
@@ -313,11 +314,12 @@ class InterpretedEngineCases(EngineTest):
         monkeypatch.setattr(entry, "load", lambda: Interpreted)
 
     @pytest.fixture(scope="class")
-    def trained_head(self, tiny_model_dir: Path,
+    @classmethod
+    def trained_head(cls, tiny_model_dir: Path,
                      tmp_path_factory: pytest.TempPathFactory) -> Path:
         testing = pytest.importorskip("plugserve_spec_eagle.testing")
         path: Path = testing.make_tiny_head_dir(
-            tiny_model_dir, tmp_path_factory.mktemp(f"{self.attention}_head"), trained=True)
+            tiny_model_dir, tmp_path_factory.mktemp(f"{cls.attention}_head"), trained=True)
         return path
 
     def _generate(self, model: Path, **overrides: Any) -> list[list[int]]:
