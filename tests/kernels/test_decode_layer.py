@@ -20,6 +20,9 @@ from plugserve.model.rope import apply_rope
 from tests.model.conftest import PagedRunner, random_prompts, tiny_hf_model
 
 
+pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:
     if not dl.available():

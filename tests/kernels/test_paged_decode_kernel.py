@@ -8,6 +8,9 @@ import torch
 from plugserve.kernels import paged_decode as pd
 
 
+pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:
     if not pd.available():

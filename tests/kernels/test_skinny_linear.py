@@ -11,6 +11,9 @@ from plugserve.kernels import skinny_linear as sk
 from plugserve.model.layers import linear
 
 
+pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:
     if not sk.available():

@@ -367,7 +367,7 @@ inline void softmax_vec(const float* s, P* prob, int64_t n, int64_t vis0, int64_
   F vmax(kNegInf);
   for (int64_t j = 0; j < n; j += kWidth) {
     const F t = F::loadu(s + j) * vc;
-    vmax = all ? at::vec::maximum(vmax, t) : F::blendv(vmax, at::vec::maximum(vmax, t), visible(j));
+    vmax = max_no_nan(all ? t : F::blendv(F(kNegInf), t, visible(j)), vmax);
   }
   const float m_new = std::max(m, hmax(vmax));
   // The first block a row sees has m = -inf and zero accumulators and sum: alpha is moot.

@@ -202,9 +202,15 @@ inline F exp(F x) {
 
 // 2^t within 2e-7 relative (Cephes' exp2f polynomial on [-1/2, 1/2]); 0 below 2^-126.
 inline F exp2(F t) {
+#if defined(CPU_CAPABILITY_AVX512)
+  // vscalefps applies 2^n without building exponent bits, and gives 0 for very negative t.
+  const F n(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
   const F clamped = at::vec::minimum(at::vec::maximum(t, F(-127.0f)), F(127.0f));
   const F n = clamped.round();
-  const F f = clamped - n;
+  t = clamped;
+#endif
+  const F f = t - n;
   F y(1.535336188319500e-4f);
   y = at::vec::fmadd(y, f, F(1.339887440266574e-3f));
   y = at::vec::fmadd(y, f, F(9.618437357674640e-3f));
@@ -212,10 +218,17 @@ inline F exp2(F t) {
   y = at::vec::fmadd(y, f, F(2.402264791363012e-1f));
   y = at::vec::fmadd(y, f, F(6.931472028550421e-1f));
   y = at::vec::fmadd(y, f, F(1.0f));
+#if defined(CPU_CAPABILITY_AVX512)
+  return F(_mm512_scalef_ps(y, n));
+#else
   // n = -127 would build a zero exponent: those lanes (t < -126.5) are below the range.
   const F scaled = y * pow2i(at::vec::maximum(n, F(-126.0f)));
   return F::blendv(scaled, F(0.0f), n < F(-126.0f));
+#endif
 }
+
+// max(a, b) in one instruction where there is one, for operands that are not NaN.
+inline F max_no_nan(const F& a, const F& b) { return at::vec::clamp_min(a, b); }
 
 // The scalar e^x of `exp` (for the odd tail element and for plain loops).
 inline float exp_f32(float x) {
