@@ -101,7 +101,7 @@ def _link_flags() -> list[str]:
     flags = ["-shared", "-fopenmp"]
     for path in cpp_extension.library_paths():
         flags.append(f"-L{path}")
-    return flags + ["-lc10", "-ltorch_cpu", "-ltorch"]
+    return [*flags, "-lc10", "-ltorch_cpu", "-ltorch"]
 
 
 def _compiler_identity() -> str:

@@ -27,10 +27,9 @@ from typing import Any
 
 import torch
 
+from plugserve.kernels import build, paged_decode
 from plugserve.kernels import fused_elementwise as fused
-from plugserve.kernels import paged_decode
 from plugserve.kernels import skinny_linear as skinny
-from plugserve.kernels import build
 from plugserve.kernels.paged_decode import PagedDecodePlan
 
 

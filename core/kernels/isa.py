@@ -112,6 +112,7 @@ def _cpu_flags() -> frozenset[str]:
 def ladder() -> tuple[Isa, ...]:
     """The ISAs this machine can run, lowest first (always at least the baseline)."""
     machine = platform.machine().lower()
+    candidates: tuple[Isa, ...]
     if machine in ("x86_64", "amd64"):
         candidates = _X86
     elif machine in ("aarch64", "arm64"):

@@ -7,7 +7,6 @@ import torch
 
 from plugserve.kernels import paged_decode as pd
 
-
 pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
 
 

@@ -19,7 +19,6 @@ import torch
 
 from plugserve.kernels import prefill_attention as pa
 
-
 pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
 
 

@@ -9,7 +9,6 @@ import torch
 
 from plugserve.kernels import row_argmax as ra
 
-
 pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
 
 

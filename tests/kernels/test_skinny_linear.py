@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from plugserve.kernels import skinny_linear as sk
 from plugserve.model.layers import linear
 
-
 pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
 
 
