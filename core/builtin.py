@@ -1,4 +1,5 @@
-"""Built-in plugin: the reference attention backend and the core cache policies.
+"""Built-in plugin: the reference attention backend, the core cache policies and the core's
+fix toggles.
 
 Registered through exactly the same hooks as external plugins; it is essential and cannot be
 disabled.
@@ -8,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugserve.attention.base import BackendCapabilities
+from plugserve.attention.capabilities import TORCH_NATIVE_CAPABILITIES
 from plugserve.hookspecs import hookimpl
 from plugserve.registry import (
     CachePolicyCapabilities,
     RegisterAttentionBackend,
     RegisterCachePolicy,
+    RegisterFixToggle,
     RegisterSpecAlgorithm,
     SpecCapabilities,
 )
@@ -58,7 +60,7 @@ def plugserve_register_attention_backends(register: RegisterAttentionBackend) ->
     register(
         "torch_native",
         _torch_native,
-        BackendCapabilities(),
+        TORCH_NATIVE_CAPABILITIES,
         description="reference backend in plain PyTorch; any page size; CPU and CUDA",
     )
 
@@ -96,3 +98,21 @@ def plugserve_register_spec_algorithms(register: RegisterSpecAlgorithm) -> None:
         SpecCapabilities(topk_gt1=False),
         description="no speculative decoding",
     )
+
+
+@hookimpl
+def plugserve_register_fix_toggles(register: RegisterFixToggle) -> None:
+    # Each toggle is defined next to the rule it reverts.
+    from plugserve.cache.swa_radix import SWA_MATCH_ACROSS_TOMBSTONE
+    from plugserve.mem.manager import FINISH_OVERALLOC_UNALIGNED, RETRACT_NO_RESET
+    from plugserve.mem.session_kv import SESSION_DOUBLE_COUNT, SESSION_RETRACT_TAIL_LEAK
+    from plugserve.mem.spec_accounting import SPEC_V2_BONUS_PRECLAIM
+    from plugserve.mem.swa_window import SWA_EVICT_PARTIAL_PAGE, SWA_UNCACHED_FROM_PROTECTED
+    from plugserve.sched.scheduler import BATCH_IDENTITY
+
+    for toggle in (
+        BATCH_IDENTITY, FINISH_OVERALLOC_UNALIGNED, RETRACT_NO_RESET, SPEC_V2_BONUS_PRECLAIM,
+        SESSION_DOUBLE_COUNT, SESSION_RETRACT_TAIL_LEAK, SWA_UNCACHED_FROM_PROTECTED,
+        SWA_EVICT_PARTIAL_PAGE, SWA_MATCH_ACROSS_TOMBSTONE,
+    ):
+        register(toggle, toggle.description)

@@ -2,7 +2,7 @@
 
 Only values that are wrong on their own are checked here; combinations that depend on the
 selected plugins (a backend's page sizes, topk>1 support, ...) are checked by
-`plugserve.registry.validate_config`, which gathers every reason at once.
+`plugserve.validation.validate_config`, which gathers every reason at once.
 """
 
 from __future__ import annotations

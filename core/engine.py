@@ -10,18 +10,17 @@ from typing import Any
 import pluggy
 import torch
 
-import plugserve.cache.swa_radix  # noqa: F401  (declares its fix toggle before start-up checks)
 from plugserve.attention.base import AttentionContext
 from plugserve.config import EngineConfig
 from plugserve.device import device_problems
 from plugserve.fixes import unknown_reverts
+from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
 from plugserve.outputs import GenerateResult, StreamEvent, generate_result
 from plugserve.plugins import PluginHost, load_plugins
 from plugserve.pools.allocator import ceil_align
-from plugserve.registry import validate_config
 from plugserve.request_input import PromptError, token_ids
 from plugserve.runner.model_runner import ModelRunner
 from plugserve.sampling import SamplingParams, is_int
@@ -29,6 +28,7 @@ from plugserve.sched.scheduler import Scheduler
 from plugserve.spec.base import SpecAlgorithm, SpecContext
 from plugserve.structs.req import Req
 from plugserve.structs.spec_footprint import SpecFootprint
+from plugserve.validation import validate_config
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -67,7 +67,7 @@ class Engine:
         self.config = config
         self.host: PluginHost = load_plugins(plugins, allowlist=config.plugins)
         reasons = validate_config(config, self.host.registries)
-        reasons += unknown_reverts(config.revert_fixes)
+        reasons += unknown_reverts(config.revert_fixes, self.host.fix_toggles)
         reasons += device_problems(config.device)
         _refuse(reasons)
         torch.manual_seed(config.seed)
@@ -95,10 +95,11 @@ class Engine:
         registries = self.host.registries
         # Now that the model is known: can the selected plugins run its sliding windows? The
         # default cache policy becomes swa_radix for them (radix named explicitly is refused).
+        model_reasons: list[str] = []  # refused with the backend's own reasons, below
         if arch.sliding_window_layer_ids:
             if cfg.cache == "radix" and "cache" not in cfg.model_fields_set:
                 cfg = self.config = cfg.model_copy(update={"cache": "swa_radix"})
-            _refuse(validate_config(cfg, registries, sliding_window=True))
+            model_reasons = validate_config(cfg, registries, sliding_window=True)
         spec_cls = registries.spec.get(cfg.spec).load() if cfg.spec != "none" else None
         footprint: SpecFootprint | None = spec_cls.plan_footprint(cfg) if spec_cls else None
         self.spec_footprint = footprint
@@ -107,13 +108,24 @@ class Engine:
         spec_margin = cfg.spec_steps + 1 if footprint is not None else 0
         self.context_len = min(cfg.context_len or arch.max_position_embeddings,
                                arch.max_position_embeddings - spec_margin)
-        backend_cls = registries.attention.get(cfg.attention).load()
+        attention = registries.attention.get(cfg.attention)
+        backend_cls = attention.load()
+        attention_ctx = AttentionContext(
+            num_heads=arch.num_attention_heads, num_kv_heads=arch.num_key_value_heads,
+            head_dim=arch.head_dim, page_size=cfg.page_size,
+            max_batch_size=cfg.max_running_requests, context_len=self.context_len,
+            dtype=self.dtype, device=self.device, spec_topk=cfg.spec_topk,
+            revert_fixes=cfg.revert_fixes,
+            sliding_windows=tuple(sorted({w for w in arch.layer_sliding_window if w})),
+        )
         self.hook_pm = self._lifecycle_plugins()
         try:
+            # What the backend refuses for this model, before any KV memory is allocated.
+            _refuse(model_reasons + backend_cls.validate(attention_ctx))
             memory = build_kv_memory(
                 cfg, arch, dtype=self.dtype, device=self.device, context_len=self.context_len,
-                backend_cls=backend_cls, cache_entry=registries.cache.get(cfg.cache),
-                footprint=footprint,
+                attention_caps=attention.capabilities,
+                cache_entry=registries.cache.get(cfg.cache), footprint=footprint,
             )
         except KVSizeError as exc:
             _refuse(exc.reasons)
@@ -121,17 +133,9 @@ class Engine:
         self.kv, self.kv_pool = memory.kv, memory.kv_pool
         self.swa_layer_ids = memory.swa_layer_ids
         num_pages, rows = memory.num_pages, memory.kv.rows
-        self.backend = backend_cls(
-            AttentionContext(
-                num_heads=arch.num_attention_heads, num_kv_heads=arch.num_key_value_heads,
-                head_dim=arch.head_dim, page_size=cfg.page_size,
-                max_batch_size=cfg.max_running_requests, context_len=self.context_len,
-                dtype=self.dtype, device=self.device, spec_topk=cfg.spec_topk,
-                revert_fixes=cfg.revert_fixes,
-            )
-        )
+        self.backend = backend_cls(attention_ctx)
         self.runner = ModelRunner(self.model, self.backend, self.kv_pool, rows,
-                                  self.context_len, self.device)
+                                  self.context_len, self.device, self.tokenizer.eos_token_ids)
         self.spec: SpecAlgorithm | None = None
         if spec_cls is not None:
             self.spec = spec_cls(
@@ -187,6 +191,9 @@ class Engine:
         need = min(len(ids) + new_tokens, self.context_len)
         if self.spec_footprint is not None:
             need += self.spec_footprint.reserve_len  # a speculative round's slots past them
+        if self.spec is not None and sp.decode_time_fields():
+            out.append(f"{', '.join(sp.decode_time_fields())} cannot be used with speculative "
+                       f"decoding (spec={self.config.spec!r}) yet")
         total = self.kv.allocator.total_slots
         if ids and ceil_align(need, self.config.page_size) > total:
             out.append(f"request needs up to {need} KV slots but the pool holds {total}; "
@@ -397,6 +404,61 @@ class Engine:
         for checker in self.checkers:
             if hasattr(checker, "counters"):
                 out.setdefault("checker", {}).update(checker.counters())
+        return out
+
+    # --- driving the engine step by step (a server's loop) ---------------------------------
+    # `generate` and `stream` run the scheduler themselves. A loop that serves requests as they
+    # come (plugserve.server) uses these instead: `submit` / `abort`, then `step()` until
+    # `is_idle()`, reading each `Req`'s tokens between steps. One thread at a time.
+
+    def step(self) -> bool:
+        """One scheduler step. True when it did work (a forward ran, or a forward's results
+        were processed); False when there was nothing to do. A step that finds nothing left
+        (nothing waits, runs or is in flight) settles the engine: the idle hooks run (the
+        checker's idle check) and `is_idle()` is True until the next submit. An error inside
+        a step stops the engine (later submits raise EngineStoppedError) and is raised."""
+        sched = self.scheduler
+        with self._stop_on_error():
+            progressed = sched.step()
+            if not progressed and sched.is_idle():
+                sched.settle_idle()
+        return progressed
+
+    def is_idle(self) -> bool:
+        """Nothing waits, runs or is in flight."""
+        return bool(self.scheduler.is_idle())
+
+    def num_waiting(self) -> int:
+        """Requests submitted and not admitted yet."""
+        return len(self.scheduler.waiting)
+
+    def kv_terms(self) -> tuple[PoolTerms, ...]:
+        """Each KV pool's conservation terms now (available, evictable, protected,
+        session_held, uncached, total and their balance): what a metrics endpoint exports."""
+        return self.scheduler.kv_terms()
+
+    def memory_problems(self) -> list[str]:
+        """At idle: every reason the memory is not whole (empty = whole). In every pool each KV
+        slot is free, cached or held by a session, the cache locks nothing but open sessions'
+        prefixes, no page is free twice; every request row is free or session-held. A real
+        check (not `assert`): it holds under `python -O` too."""
+        kv = self.kv
+        out: list[str] = []
+        for pool in kv.pools:
+            terms = pool.terms([])
+            # Open streaming sessions keep their first turn's cached prefix locked between turns.
+            session_locked = kv.session_locked_slots(pool.name)
+            if terms.protected != session_locked:
+                out.append(f"idle but {terms.protected} slots of pool {pool.name!r} are still "
+                           f"locked by the cache ({session_locked} by open sessions)")
+            if terms.balance != 0:
+                out.append(f"KV leak at idle: {terms.describe()}")
+            free_pages = pool.allocator.free_pages
+            if len(free_pages) != len(set(free_pages)):
+                out.append(f"a page of pool {pool.name!r} is in the free list twice")
+        rows = kv.rows_problem()
+        if rows is not None:
+            out.append(f"idle but {rows}")
         return out
 
     def close(self) -> None:

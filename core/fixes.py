@@ -4,29 +4,30 @@ Each toggle names one rule of DESIGN.md whose violation leaked KV or produced wr
 Tests turn a toggle on to prove the checker (or an output comparison) catches the old
 behaviour, and off to prove the fix holds.
 
-A toggle is declared by the module that owns the fix (`declare_fix_toggle` at import time in
-core; the `plugserve_register_fix_toggles` hook in plugins). The requested toggles are read
-once, at start-up, into `EngineConfig.revert_fixes`; code on hot paths only tests membership
-in that frozenset, never the environment.
+The module that owns a fix defines its toggle as a constant (`FixToggle`: a name that carries
+its description). Every plugin registers the toggles it owns through the same hook,
+`plugserve_register_fix_toggles` (the core's through its built-in plugin), so the set of known
+toggles is the loaded plugins' (`PluginHost.fix_toggles`), whatever was imported. The requested
+toggles are read once, at start-up, into `EngineConfig.revert_fixes`; code on hot paths only
+tests membership in that frozenset, never the environment.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 ENV_VAR = "PLUGSERVE_REVERT_FIX"
 
-_known: dict[str, str] = {}
 
+class FixToggle(str):
+    """A toggle's name (it compares and hashes as the plain string) with its description."""
 
-def declare_fix_toggle(name: str, description: str) -> str:
-    """Declare a toggle (idempotent); returns `name` so the owner can keep it as a constant."""
-    _known.setdefault(name, description)
-    return name
+    description: str
 
-
-def known_fix_toggles() -> dict[str, str]:
-    return dict(_known)
+    def __new__(cls, name: str, description: str) -> FixToggle:
+        toggle = super().__new__(cls, name)
+        toggle.description = description
+        return toggle
 
 
 def parse_reverts(raw: str | Iterable[str] | None) -> frozenset[str]:
@@ -37,12 +38,13 @@ def parse_reverts(raw: str | Iterable[str] | None) -> frozenset[str]:
     return frozenset(part.strip() for part in parts if part.strip())
 
 
-def unknown_reverts(requested: frozenset[str]) -> list[str]:
-    """Reasons the requested toggles cannot be honoured: a typo would silently pass."""
-    unknown = sorted(requested - set(_known))
+def unknown_reverts(requested: frozenset[str], known: Mapping[str, str]) -> list[str]:
+    """Reasons the requested toggles cannot be honoured (a typo would silently pass);
+    `known` is what the loaded plugins registered."""
+    unknown = sorted(requested - set(known))
     if not unknown:
         return []
     return [
         f"{ENV_VAR} names unknown fix toggle(s) {', '.join(unknown)}; "
-        f"known: {', '.join(sorted(_known))}"
+        f"known: {', '.join(sorted(known))}"
     ]

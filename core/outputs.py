@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,12 @@ class GenerateResult:
     finish_reason: str | None
     error: str | None = None
     logprobs: list[float] | None = None
+    # With sampling.top_logprobs: per output token, the N most likely (token id, logprob).
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    # With sampling.prompt_logprobs: per prompt token, its logprob given the tokens before it
+    # (None for the first, and for positions a streaming session held) and the top N.
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -31,16 +37,49 @@ class StreamEvent:
     result: GenerateResult | None = None  # set on the final event
 
 
+def output_text(req: Req, decode: Callable[..., str]) -> str:
+    """The request's decoded output, cut at the stop string that ended it (kept, and the text
+    cut after it, with sampling.include_stop_str_in_output)."""
+    ids = list(req.output_ids)
+    if not ids:
+        return ""
+    sp = req.sampling
+    text = decode(ids) if sp.skip_special_tokens else decode(ids, skip_special_tokens=False)
+    return cut_at_stop(text, req.stop_str, sp.include_stop_str_in_output)
+
+
+def cut_at_stop(text: str, stop_str: str | None, include: bool) -> str:
+    if stop_str and stop_str in text:
+        end = text.index(stop_str)
+        return text[: end + len(stop_str)] if include else text[:end]
+    return text
+
+
+def top_logprobs_of(req: Req) -> list[list[tuple[int, float]]] | None:
+    """Per output token its top logprobs (as the runner recorded them by position)."""
+    if req.sampling.top_logprobs <= 0:
+        return None
+    base = len(req.origin_input_ids)
+    return [req.top_logprobs_at.get(base + k, []) for k in range(len(req.output_ids))]
+
+
+def prompt_logprobs_of(req: Req) -> tuple[list[float | None] | None,
+                                           list[list[tuple[int, float]] | None] | None]:
+    if req.sampling.prompt_logprobs is None:
+        return None, None
+    n = len(req.origin_input_ids)
+    values: Sequence[float | None] = req.prompt_logprobs or [None] * n
+    tops: Sequence[list[tuple[int, float]] | None] = req.prompt_top_logprobs or [None] * n
+    return list(values), list(tops)
+
+
 def generate_result(
-    index: int, req: Req, decode: Callable[[list[int]], str]
+    index: int, req: Req, decode: Callable[..., str]
 ) -> GenerateResult:
     """The result of one request, as `generate` returns it and a stream's final event
     carries."""
     ids = list(req.output_ids)
-    text = decode(ids) if ids else ""
-    stop_str = req.stop_str
-    if stop_str and stop_str in text:
-        text = text[: text.index(stop_str)]
+    text = output_text(req, decode)
     stats: dict[str, Any] = {"cached_tokens": req.cached_tokens,
                              "retractions": req.retract_count}
     if req.first_token_s is not None:
@@ -56,8 +95,11 @@ def generate_result(
             (req.spec_accepted_tokens + req.spec_verify_steps) / req.spec_verify_steps
         )
         stats["spec_accept_hist"] = dict(req.spec_accept_hist)
+    prompt_values, prompt_tops = prompt_logprobs_of(req)
     return GenerateResult(
         index=index, text=text, token_ids=ids, prompt_tokens=len(req.origin_input_ids),
         output_tokens=len(ids), finish_reason=req.finished_reason, error=req.error,
-        logprobs=list(req.output_logprobs) if req.sampling.logprobs else None, stats=stats,
+        logprobs=list(req.output_logprobs) if req.sampling.logprobs else None,
+        top_logprobs=top_logprobs_of(req), prompt_logprobs=prompt_values,
+        prompt_top_logprobs=prompt_tops, stats=stats,
     )

@@ -11,10 +11,10 @@ decides which one runs.
 from __future__ import annotations
 
 import difflib
-import inspect
 import os
+import re
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
@@ -23,12 +23,10 @@ import pluggy
 
 from plugserve import builtin, hookspecs
 from plugserve.attention.base import BackendCapabilities
-from plugserve.fixes import declare_fix_toggle
 from plugserve.registry import (
     ESSENTIAL_PLUGINS,
     CachePolicyCapabilities,
     Registries,
-    RegistryError,
     SpecCapabilities,
     Staging,
     duplicate_message,
@@ -88,6 +86,8 @@ class PluginHost:
     failures: list[PluginFailure]
     skipped: list[SkippedPlugin] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    # Fix toggles the loaded plugins registered (name -> description), the core's included.
+    fix_toggles: dict[str, str] = field(default_factory=dict)
 
     def failure(self, name: str) -> PluginFailure | None:
         return next((f for f in self.failures if f.name == name), None)
@@ -108,14 +108,13 @@ class PluginHost:
         for info in self.plugins:
             pm.register(info.plugin, name=info.name)
         for observer in observers:
-            label = type(observer).__name__
             try:
                 pm.register(observer)
-                unknown = _unknown_hooks(pm, observer)
-                if unknown:
-                    raise PluginError(f"observer {label}: {unknown}")
+                pm.check_pending()
             except pluggy.PluginValidationError as exc:
-                raise PluginError(f"observer {label}: {_one_line(str(exc))}") from exc
+                raise PluginError(
+                    f"observer {type(observer).__name__}: {_validation_message(pm, exc)}"
+                ) from exc
         return pm
 
 
@@ -231,35 +230,28 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _unknown_hooks(pm: pluggy.PluginManager, plugin: object) -> str:
-    """'' if every hook of `plugin` has a spec, else which ones do not (with a suggestion)."""
-    specs = hook_spec_names()
-    problems = []
-    for caller in pm.get_hookcallers(plugin) or []:
-        if caller.has_spec():
-            continue
-        close = difflib.get_close_matches(caller.name, specs, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        problems.append(f"unknown hook {caller.name}{hint}")
-    return "; ".join(problems)
+_UNKNOWN_HOOK = re.compile(r"unknown hook '(\w+)'")
+_EXTRA_ARGS = re.compile(r"for hook '(\w+)'.*Argument\(s\) \{(.*?)\} are declared", re.S)
 
 
-def _signature_problems(pm: pluggy.PluginManager, plugin: object) -> str:
-    """Hooks of `plugin` that ask for arguments their spec does not pass, in one line."""
-    problems = []
-    for name in dir(plugin):
-        caller = getattr(pm.hook, name, None)
-        spec = getattr(caller, "spec", None)
-        if spec is None or pm.parse_hookimpl_opts(plugin, name) is None:
-            continue
-        wanted = list(inspect.signature(getattr(plugin, name)).parameters)
-        extra = [arg for arg in wanted if arg not in spec.argnames]
-        if extra:
-            problems.append(
-                f"hook {name} takes {', '.join(extra)}, which its spec does not pass "
-                f"(it passes: {', '.join(spec.argnames)})"
-            )
-    return "; ".join(problems)
+def _validation_message(pm: pluggy.PluginManager, exc: pluggy.PluginValidationError) -> str:
+    """pluggy's verdict on a plugin (`register` checks hook signatures, `check_pending`
+    unknown hooks) in one line a plugin author can act on."""
+    text = str(exc)
+    unknown = _UNKNOWN_HOOK.search(text)
+    if unknown:
+        name = unknown.group(1)
+        close = difflib.get_close_matches(name, hook_spec_names(), n=1)
+        return f"unknown hook {name}" + (f" (did you mean {close[0]}?)" if close else "")
+    extra = _EXTRA_ARGS.search(text)
+    if extra:
+        name = extra.group(1)
+        args = ", ".join(sorted(a.strip().strip("'\"") for a in extra.group(2).split(",")))
+        spec = getattr(pm.hook, name).spec
+        passed = ", ".join(spec.argnames) if spec is not None else "nothing"
+        return (f"hook {name} takes {args}, which its spec does not pass "
+                f"(it passes: {passed})")
+    return _one_line(text)
 
 
 def hook_spec_names() -> list[str]:
@@ -354,15 +346,12 @@ def _add_plugin(host: PluginHost, name: str, module: object, dist: str, version:
     """Register one plugin's hooks; a misspelt hook or a wrong signature unregisters it."""
     pm = host.pm
     try:
-        pm.register(module, name=name)
-        unknown = _unknown_hooks(pm, module)
-        if unknown:
-            raise pluggy.PluginValidationError(module, unknown)
-        pm.check_pending()
+        pm.register(module, name=name)  # pluggy checks each hook's arguments against its spec
+        pm.check_pending()  # ... and that every hook has a spec
     except pluggy.PluginValidationError as exc:
         if pm.is_registered(module):
             pm.unregister(module)
-        reason = _signature_problems(pm, module) or _one_line(str(exc))
+        reason = _validation_message(pm, exc)
         host.failures.append(PluginFailure(name, dist, "validate", reason, version=version))
         return
     modname = getattr(module, "__name__", type(module).__name__)
@@ -383,11 +372,14 @@ _FIX_TOGGLE_HOOK = "plugserve_register_fix_toggles"
 def _register_entries(host: PluginHost, info: PluginInfo) -> None:
     """Run one plugin's register hooks; keep what it registered only if all of them succeed."""
     staging = Staging(info.name, info.distribution, info.version)
+    # This plugin's implementations alone (pluggy calls a hook's subset without the others).
+    others = [p for p in host.pm.get_plugins() if p is not info.plugin]
     try:
         for hook_name, (attr, caps_type) in _REGISTER_HOOKS.items():
             register = staging.registrar(getattr(host.registries, attr), caps_type)
-            _call_own_impls(host.pm, hook_name, info.name, register)
-        _call_own_impls(host.pm, _FIX_TOGGLE_HOOK, info.name, staging.fix_toggle_registrar())
+            host.pm.subset_hook_caller(hook_name, remove_plugins=others)(register=register)
+        host.pm.subset_hook_caller(_FIX_TOGGLE_HOOK, remove_plugins=others)(
+            register=staging.fix_toggle_registrar())
     except Exception as exc:
         host.pm.unregister(name=info.name)
         host.plugins.remove(info)
@@ -408,19 +400,11 @@ def _register_entries(host: PluginHost, info: PluginInfo) -> None:
         else:
             registry.add(entry)
     for name, description in staging.fix_toggles:
-        declare_fix_toggle(name, description)
-
-
-def _call_own_impls(
-    pm: pluggy.PluginManager, hook_name: str, plugin_name: str, register: Callable[..., None]
-) -> None:
-    """Call one plugin's implementations of a register hook, passing `register` by name."""
-    for impl in getattr(pm.hook, hook_name).get_hookimpls():
-        if impl.plugin_name != plugin_name:
-            continue
-        if impl.hookwrapper or impl.wrapper:
-            raise RegistryError(f"{hook_name} cannot be a wrapper hook")
-        impl.function(**{arg: register for arg in impl.argnames})
+        if name in host.fix_toggles:
+            host.conflicts.append(f"fix toggle {name!r} is registered twice (again by plugin "
+                                  f"{info.name!r}); each toggle has one owner")
+        else:
+            host.fix_toggles[name] = description
 
 
 def builtin_module() -> ModuleType:

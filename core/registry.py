@@ -1,8 +1,7 @@
-"""Named registries filled by the register_* hooks, capabilities as data, config validation.
+"""Named registries filled by the register_* hooks, and capabilities as data.
 
-The core picks every plugin by name. An unknown name is an error that lists the valid ones;
-`validate_config` gathers every reason a configuration is unsupported, so one error can list
-them all.
+The core picks every plugin by name. An unknown name is an error that lists the valid ones.
+Whether a configuration can run with what is registered is `plugserve.validation`.
 """
 
 from __future__ import annotations
@@ -11,15 +10,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from plugserve.attention.base import BackendCapabilities
+from plugserve.attention.capabilities import BackendCapabilities
+from plugserve.attention.whitelist import (
+    PAGE_TREE_WHITELIST,
+    page_tree_whitelist_text,
+    whitelisted_for_page_tree,
+)
+
+__all__ = ["PAGE_TREE_WHITELIST", "page_tree_allowed", "page_tree_whitelist_text"]
 
 if TYPE_CHECKING:
-    from plugserve.config import EngineConfig
-
-# The one place that says which attention backends may run tree drafting (topk>1) on a paged
-# cache (page_size>1): they can express the per-branch holey layout of DESIGN.md §5. It is not a
-# capability a backend declares; `plugserve plugins` shows it as "page>1+topk>1".
-PAGE_TREE_WHITELIST: tuple[str, ...] = ("torch_native", "triton", "flashinfer", "fa3")
+    pass
 
 # Built-ins that cannot be disabled with `--plugin no:NAME`: the engine cannot run without them.
 ESSENTIAL_PLUGINS: tuple[str, ...] = ("builtin",)
@@ -35,6 +36,9 @@ class EntryLoadError(RegistryError):
 
 @dataclass(frozen=True)
 class SpecCapabilities:
+    """What a speculative algorithm declares; each one declared is a promise the speculative
+    conformance suite holds it to (docs/spec_algorithms.md)."""
+
     topk_gt1: bool = True  # tree drafting (several branches per draft step)
     overlap: bool = True  # v2: accepted length resolved one step late
     needs_draft_model: bool = False
@@ -48,8 +52,17 @@ class SpecCapabilities:
 
 @dataclass(frozen=True)
 class CachePolicyCapabilities:
+    """What a cache policy declares; each one declared is a promise the cache-policy
+    conformance suite holds it to (docs/cache_policies.md)."""
+
+    # It stores what `insert` gives it and offers it back through `match_prefix`; False: the
+    # KV manager never inserts, every release frees everything, nothing ever matches.
     prefix_sharing: bool = True
+    # It may run a model with sliding-window layers: its SWA side (`swa_*_size`, `evict_swa`)
+    # is exact and its matches stop where the last window's SWA KV is gone.
     sliding_window: bool = False
+    # Streaming sessions may keep their first turn's lock through it between turns:
+    # `path_size` is exact for those locks.
     sessions: bool = False
 
     def as_dict(self) -> dict[str, object]:
@@ -69,7 +82,23 @@ class Entry(Generic[T]):
     plugin: str = ""  # plugin (entry point name) that registered it
     distribution: str = ""
     version: str = ""
+    # A cheap probe run by `plugserve plugins` (never at import): None when this machine can
+    # run the entry, else one line saying why not (a missing library, an ABI mismatch, ...).
+    availability: Callable[[], str | None] | None = field(default=None, repr=False)
     _loaded: T | None = field(default=None, repr=False)
+
+    def page_tree_allowed(self) -> bool:
+        """Whether the whitelist lets this attention backend run page_size>1 with topk>1."""
+        return whitelisted_for_page_tree(self.distribution, self.name)
+
+    def unavailable_reason(self) -> str | None:
+        """Why this machine cannot run the entry, in one line (None: nothing known against)."""
+        if self.availability is None:
+            return None
+        try:
+            return self.availability()
+        except Exception as exc:  # a broken probe must not break the listing
+            return f"availability check failed: {type(exc).__name__}: {exc}"
 
     def load(self) -> T:
         """Import and return the registered object (heavy imports happen only here)."""
@@ -93,7 +122,7 @@ class Entry(Generic[T]):
         shown = dict(caps.as_dict()) if hasattr(caps, "as_dict") else dict(caps.__dict__)
         if not isinstance(caps, BackendCapabilities):
             return shown
-        whitelisted = self.name in PAGE_TREE_WHITELIST
+        whitelisted = self.page_tree_allowed()
         out: dict[str, Any] = {}
         for key, value in shown.items():
             out[key] = value
@@ -139,6 +168,11 @@ class Registry(Generic[T]):
         return len(self._entries)
 
 
+def page_tree_allowed(entry: Entry[Any]) -> bool:
+    """Whether the whitelist lets attention backend `entry` run page_size>1 with topk>1."""
+    return entry.page_tree_allowed()
+
+
 def duplicate_message(first: Entry[Any], second: Entry[Any]) -> str:
     return (
         f"{first.kind} {first.name!r} is registered twice: by {first.origin()} and by "
@@ -153,6 +187,7 @@ class RegisterAttentionBackend(Protocol):
         loader: Callable[[], Any],
         capabilities: BackendCapabilities,
         description: str = "",
+        availability: Callable[[], str | None] | None = None,
     ) -> None: ...
 
 
@@ -220,9 +255,10 @@ class Staging:
             return register_without_capabilities
 
         def register(
-            name: str, loader: Callable[[], Any], capabilities: Any = None, description: str = ""
+            name: str, loader: Callable[[], Any], capabilities: Any = None, description: str = "",
+            availability: Callable[[], str | None] | None = None,
         ) -> None:
-            self._add(registry, caps_type, name, loader, capabilities, description)
+            self._add(registry, caps_type, name, loader, capabilities, description, availability)
 
         return register
 
@@ -242,6 +278,7 @@ class Staging:
         loader: Callable[[], Any],
         capabilities: Any,
         description: str,
+        availability: Callable[[], str | None] | None = None,
     ) -> None:
         kind = registry.kind
         if not isinstance(name, str) or not name:
@@ -267,118 +304,6 @@ class Staging:
             plugin=self.plugin,
             distribution=self.distribution,
             version=self.version,
+            availability=availability,
         )
         self.entries.append((registry, entry))
-
-
-def _device_kind(device: str) -> str:
-    return device.split(":")[0]
-
-
-def validate_config(
-    config: EngineConfig, registries: Registries, *, sliding_window: bool = False
-) -> list[str]:
-    """Every reason `config` cannot run with the registered plugins (empty list = fine).
-
-    `sliding_window` says the model has sliding-window layers (known once its config is read).
-    """
-    reasons: list[str] = []
-    for registry, name in (
-        (registries.attention, config.attention),
-        (registries.cache, config.cache),
-        (registries.spec, config.spec),
-    ):
-        if name not in registry:
-            reasons.append(
-                f"unknown {registry.kind} {name!r}; available: {', '.join(registry.names())}"
-            )
-    if config.attention in registries.attention:
-        reasons += _attention_reasons(
-            config, registries.attention.get(config.attention), sliding_window
-        )
-    # A cache policy named explicitly must support windows; the default (`radix`, not set)
-    # is resolved by the engine to `swa_radix` for a windowed model.
-    if sliding_window and "cache" in config.model_fields_set and config.cache in registries.cache:
-        cache = registries.cache.get(config.cache)
-        caps = cache.capabilities or CachePolicyCapabilities()
-        if not caps.sliding_window:
-            windowed = sorted(e.name for e in registries.cache
-                              if (e.capabilities or CachePolicyCapabilities()).sliding_window)
-            reasons.append(
-                f"the model has sliding-window layers; cache policy {config.cache!r} does not "
-                f"support sliding windows; use one that does: {', '.join(windowed) or 'none'}"
-            )
-    if config.spec != "none" and config.spec in registries.spec:
-        reasons += _spec_reasons(config, registries.spec.get(config.spec))
-    if config.mem_check > 0 and len(registries.checkers) == 0:
-        reasons.append(
-            f"mem_check={config.mem_check} needs an invariant checker, but none is registered; "
-            "install plugserve-checker (pip install -e plugins/checker) or use mem_check=0"
-        )
-    return reasons
-
-
-def _attention_reasons(config: EngineConfig, entry: Entry[Any], sliding_window: bool) -> list[str]:
-    reasons: list[str] = []
-    name = entry.name
-    caps: BackendCapabilities = entry.capabilities
-    device = _device_kind(config.device)
-    if device not in caps.devices:
-        reasons.append(
-            f"attention backend {name!r} does not run on {device!r}; "
-            f"it supports {sorted(caps.devices)}"
-        )
-    if config.dtype not in caps.dtypes:
-        reasons.append(
-            f"attention backend {name!r} does not support dtype {config.dtype!r}; "
-            f"it supports {sorted(caps.dtypes)}"
-        )
-    if caps.page_sizes is not None and config.page_size not in caps.page_sizes:
-        reasons.append(
-            f"attention backend {name!r} does not support page_size "
-            f"{config.page_size}; it supports {sorted(caps.page_sizes)}"
-        )
-    if sliding_window and not caps.sliding_window:
-        reasons.append(
-            f"the model has sliding-window layers; attention backend {name!r} does not "
-            "support sliding windows"
-        )
-    speculative = config.spec != "none"
-    if speculative and not caps.custom_mask:
-        reasons.append(
-            f"speculative decoding needs a tree-mask verify; attention backend {name!r} has none"
-        )
-    if speculative and config.spec_topk > 1:
-        if config.page_size == 1 and not caps.topk_gt1:
-            reasons.append(
-                f"attention backend {name!r} does not support topk>1 drafting "
-                f"(spec_topk={config.spec_topk})"
-            )
-        if config.page_size > 1 and name not in PAGE_TREE_WHITELIST:
-            reasons.append(
-                f"attention backend {name!r} may not run page_size>1 "
-                f"(page_size={config.page_size}) with topk>1 (spec_topk={config.spec_topk}); "
-                f"allowed backends: {', '.join(PAGE_TREE_WHITELIST)}"
-            )
-    return reasons
-
-
-def _spec_reasons(config: EngineConfig, entry: Entry[Any]) -> list[str]:
-    reasons: list[str] = []
-    caps: SpecCapabilities = entry.capabilities or SpecCapabilities()
-    if config.spec_topk > 1 and not caps.topk_gt1:
-        reasons.append(
-            f"speculative algorithm {entry.name!r} does not support topk>1 "
-            f"(spec_topk={config.spec_topk}); use spec_topk=1"
-        )
-    if config.overlap and not caps.overlap:
-        reasons.append(f"speculative algorithm {entry.name!r} does not support the overlap loop")
-    shipped = caps.default_draft_for_default_model and config.model is None
-    if caps.needs_draft_model and not config.draft_model and not shipped:
-        reasons.append(
-            f"speculative algorithm {entry.name!r} needs a draft model; set draft_model "
-            "(--draft-model PATH)"
-            + (" (it ships one only for the built-in default model)"
-               if caps.default_draft_for_default_model else "")
-        )
-    return reasons

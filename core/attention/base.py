@@ -12,14 +12,22 @@ mask; decode modes have one query per request (or per branch for topk>1 drafting
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import ClassVar
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
 
 import torch
 
+from plugserve.attention.capabilities import BackendCapabilities
 from plugserve.kernels.paged_decode import PagedDecodePlan
 from plugserve.structs.forward_batch import ForwardBatch
+
+__all__ = ["AttentionBackend", "AttentionContext", "AttentionLayer", "BackendCapabilities",
+           "cuda_device_scope", "resolve_reverts"]
+
+M = TypeVar("M")
 
 
 @dataclass(frozen=True)
@@ -32,34 +40,6 @@ class AttentionLayer:
     head_dim: int
     scaling: float
     sliding_window: int | None = None  # attend to at most this many most recent tokens
-
-
-@dataclass(frozen=True)
-class BackendCapabilities:
-    """What a backend supports, as data: checked by `registry.validate_config`.
-
-    Given once, when the backend is registered (`register(name, loader, capabilities)`); the
-    backend class carries none. Whether a backend may run page_size>1 with topk>1 is not a
-    capability: `plugserve.registry.PAGE_TREE_WHITELIST` alone decides.
-    """
-
-    devices: frozenset[str] = frozenset({"cpu", "cuda"})
-    dtypes: frozenset[str] = frozenset({"float32", "bfloat16", "float16"})
-    page_sizes: frozenset[int] | None = None  # None = any page size
-    custom_mask: bool = True  # speculative verify with a tree mask
-    topk_gt1: bool = True  # topk>1 tree drafting at page_size 1
-    sliding_window: bool = True
-    notes: tuple[str, ...] = field(default=())
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "devices": sorted(self.devices),
-            "dtypes": sorted(self.dtypes),
-            "page_sizes": "any" if self.page_sizes is None else sorted(self.page_sizes),
-            "custom_mask": self.custom_mask,
-            "topk>1": self.topk_gt1,
-            "sliding_window": self.sliding_window,
-        }
 
 
 @dataclass(frozen=True)
@@ -78,6 +58,24 @@ class AttentionContext:
     # Fix toggles requested at start-up (EngineConfig.revert_fixes): a backend that owns a
     # toggle reads it here, never from the environment.
     revert_fixes: frozenset[str] = frozenset()
+    # The model's distinct sliding windows in tokens (empty: no windowed layer), for `validate`.
+    sliding_windows: tuple[int, ...] = ()
+
+
+def resolve_reverts(ctx: AttentionContext, explicit: Iterable[str] | None) -> frozenset[str]:
+    """The fix toggles a backend honours: `explicit` when given (tests), else the engine's
+    start-up choice carried by the context (`AttentionContext.revert_fixes`)."""
+    return ctx.revert_fixes if explicit is None else frozenset(explicit)
+
+
+def cuda_device_scope(device: torch.device | str) -> contextlib.AbstractContextManager[object]:
+    """Make `device` the current CUDA device inside the block (a no-op off CUDA): kernels
+    launch, and libraries allocate their scratch, on the *current* device, which nothing
+    else sets when the engine runs on `cuda:N`, N != 0."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 class AttentionBackend(ABC):
@@ -85,6 +83,50 @@ class AttentionBackend(ABC):
 
     def __init__(self, ctx: AttentionContext) -> None:
         self.ctx = ctx
+
+    @classmethod
+    def validate(cls, ctx: AttentionContext) -> list[str]:
+        """Every reason this backend cannot run `ctx` (empty: it can). The engine calls it at
+        start-up, after the model is known and before any KV memory is allocated, and lists
+        the reasons with its other start-up checks in one error. What `BackendCapabilities`
+        says (devices, dtypes, page sizes, masks, windows) is checked already; this is for
+        the rest: shapes the kernels take, the GPU's architecture, installed libraries.
+        Override it as `super().validate(ctx) + [...]`."""
+        reasons = []
+        if ctx.num_kv_heads < 1 or ctx.num_heads % ctx.num_kv_heads:
+            reasons.append(
+                f"attention backend {cls.name!r} needs num_heads ({ctx.num_heads}) to be a "
+                f"multiple of num_kv_heads ({ctx.num_kv_heads})")
+        bad = [w for w in ctx.sliding_windows if w < 1]
+        if bad:
+            reasons.append(f"attention backend {cls.name!r}: sliding windows must be >= 1 "
+                           f"token, the model has {bad}")
+        return reasons
+
+    @classmethod
+    def refuse_invalid(cls, ctx: AttentionContext) -> None:
+        """Raise `ValueError` listing `validate(ctx)`'s reasons (for a backend built without
+        the engine's start-up check, e.g. in tests)."""
+        reasons = cls.validate(ctx)
+        if reasons:
+            raise ValueError("; ".join(reasons))
+
+    def own_metadata(self, forward_batch: ForwardBatch, kind: type[M], *, decode: bool) -> M:
+        """`forward_batch.attn_metadata`, checked to be this backend's (`kind`, with an
+        `is_decode` flag) and built for the forward asking (decode or extend)."""
+        meta = forward_batch.attn_metadata
+        if not isinstance(meta, kind):
+            raise RuntimeError(
+                f"attention backend {self.name!r} found no metadata of its own on the batch: "
+                "call init_forward_metadata(forward_batch) once before the layers run")
+        built_decode = bool(getattr(meta, "is_decode", decode))
+        if built_decode != decode:
+            built = "decode" if built_decode else "extend"
+            raise RuntimeError(
+                f"batch metadata was built for {built} but the {forward_batch.mode.value} "
+                f"forward asked for {'decode' if decode else 'extend'}; rebuild it after "
+                "changing the mode")
+        return meta
 
     @abstractmethod
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:

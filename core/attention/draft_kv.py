@@ -27,67 +27,28 @@ the device `draft_kv_indptr` is there for backends that take an indptr as it is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from itertools import accumulate
-
 import torch
 
-from plugserve.structs.forward_batch import ForwardBatch
+from plugserve.attention.paging.kv_lists import (
+    DRAFT_KV_INDICES,
+    DRAFT_KV_INDPTR,
+    DRAFT_KV_KEYS,
+    DRAFT_KV_LENS_CPU,
+    DraftKVLists,
+)
+from plugserve.attention.paging.pages import indptr_from_lengths
 from plugserve.structs.holey_layout import HoleyLayout
 
-
-def indptr_from_lengths(lengths: list[int]) -> list[int]:
-    """[3, 1, 2] -> [0, 3, 4, 6]."""
-    return [0, *accumulate(lengths)]
-
-
-DRAFT_KV_INDPTR = "draft_kv_indptr"
-DRAFT_KV_INDICES = "draft_kv_indices"
-DRAFT_KV_LENS_CPU = "draft_kv_lens_cpu"
-DRAFT_KV_KEYS = (DRAFT_KV_INDPTR, DRAFT_KV_INDICES, DRAFT_KV_LENS_CPU)
-
-
-@dataclass
-class DraftKVLists:
-    """The per-query KV lists of one draft-decode step (see the module docstring)."""
-
-    kv_indptr: torch.Tensor
-    kv_indices: torch.Tensor
-    kv_lens_cpu: list[int]
-
-    @property
-    def num_queries(self) -> int:
-        return len(self.kv_lens_cpu)
-
-    def kv_indptr_cpu(self) -> list[int]:
-        return indptr_from_lengths(self.kv_lens_cpu)
-
-    def store(self, fb: ForwardBatch) -> None:
-        fb.extra[DRAFT_KV_INDPTR] = self.kv_indptr
-        fb.extra[DRAFT_KV_INDICES] = self.kv_indices
-        fb.extra[DRAFT_KV_LENS_CPU] = list(self.kv_lens_cpu)
-
-    @classmethod
-    def from_batch(cls, fb: ForwardBatch) -> DraftKVLists | None:
-        """The lists a spec plugin stored in `fb.extra`, or None when it stored none."""
-        present = [key for key in DRAFT_KV_KEYS if key in fb.extra]
-        if not present:
-            return None
-        if len(present) != len(DRAFT_KV_KEYS):
-            missing = [key for key in DRAFT_KV_KEYS if key not in fb.extra]
-            raise ValueError(
-                f"forward_batch.extra has {present} but lacks {missing}: a draft decode with "
-                "per-branch KV lists needs all of " + ", ".join(DRAFT_KV_KEYS)
-            )
-        lists = cls(fb.extra[DRAFT_KV_INDPTR], fb.extra[DRAFT_KV_INDICES],
-                    list(fb.extra[DRAFT_KV_LENS_CPU]))
-        if lists.num_queries != fb.num_tokens:
-            raise ValueError(
-                f"draft decode has {fb.num_tokens} queries but {lists.num_queries} KV lists in "
-                f"forward_batch.extra[{DRAFT_KV_LENS_CPU!r}]; give one list per branch, "
-                "request-major"
-            )
-        return lists
+__all__ = [
+    "DRAFT_KV_INDICES",
+    "DRAFT_KV_INDPTR",
+    "DRAFT_KV_KEYS",
+    "DRAFT_KV_LENS_CPU",
+    "DraftKVLists",
+    "build_draft_kv_lists",
+    "holey_branch_positions",
+    "indptr_from_lengths",
+]
 
 
 def holey_branch_positions(

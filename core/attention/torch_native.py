@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
-from plugserve.attention.draft_kv import DraftKVLists
+from plugserve.attention.paging import DraftKVLists, decode_draft_lists, window_mask_by_position
 from plugserve.kernels import paged_decode as paged_decode_kernel
 from plugserve.kernels import prefill_attention as prefill_kernel
 from plugserve.kernels.packed_linear import upcasts_matmul
@@ -54,8 +54,6 @@ class TorchNativeMetadata:
 
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
-    # Reads a windowed layer's KV through `kv_pool.slots_for_layer` (separate SWA pool).
-    swa_slot_translation = True
 
     def __init__(self, ctx: AttentionContext) -> None:
         super().__init__(ctx)
@@ -77,7 +75,7 @@ class TorchNativeBackend(AttentionBackend):
         fb = forward_batch
         rows = fb.req_pool_indices
         if fb.mode.is_decode():
-            lists = DraftKVLists.from_batch(fb)
+            lists = decode_draft_lists(fb)
             if lists is not None:
                 fb.attn_metadata = self._list_metadata(lists, rows.device)
                 return
@@ -155,7 +153,7 @@ class TorchNativeBackend(AttentionBackend):
             if layer.sliding_window is not None:
                 if mask is None:
                     mask = torch.ones(ext_len, ext_len, dtype=torch.bool, device=q.device).tril()
-                mask = mask & self._window_mask(
+                mask = mask & window_mask_by_position(
                     fb.extend_prefix_lens_cpu[i], fb.positions[start : start + ext_len],
                     layer.sliding_window,
                 )
@@ -241,15 +239,6 @@ class TorchNativeBackend(AttentionBackend):
             q, fb.kv_pool.get_k(layer.layer_id), fb.kv_pool.get_v(layer.layer_id),
             slots, first_key, kv_lens, layer.scaling,
         )
-
-    @staticmethod
-    def _window_mask(prefix_len: int, new_positions: torch.Tensor, window: int) -> torch.Tensor:
-        """[new, prefix + new]: a key is inside a query's window by token *position*. In a
-        tree verify the new tokens sit at prefix + depth, not prefix + their index: a node
-        after the first branch would otherwise lose prefix keys its path still sees."""
-        new_positions = new_positions.to(torch.int64)
-        k_pos = torch.cat([torch.arange(prefix_len, device=new_positions.device), new_positions])
-        return k_pos[None, :] > new_positions[:, None] - window
 
 
 def _attention_dtype(q: torch.Tensor) -> torch.dtype:

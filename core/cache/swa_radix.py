@@ -27,12 +27,12 @@ import torch
 
 from plugserve.cache.base import MatchResult
 from plugserve.cache.radix import _EMPTY, RadixCache, RadixNode
-from plugserve.fixes import declare_fix_toggle
+from plugserve.fixes import FixToggle
 from plugserve.pools.allocator import PagedAllocator, floor_align
 from plugserve.pools.req_to_token import ReqToTokenPool
 from plugserve.pools.swa_pool import HybridAllocator
 
-SWA_MATCH_ACROSS_TOMBSTONE = declare_fix_toggle(
+SWA_MATCH_ACROSS_TOMBSTONE = FixToggle(
     "swa_match_across_tombstone",
     "swa_radix accepts a prefix match whose last window of SWA KV was tombstoned (the request "
     "then reads the padding page: wrong tokens)",
@@ -54,6 +54,7 @@ class SWARadixCache(RadixCache):
 
     def set_sliding_window(self, window: int, revert_fixes: frozenset[str]) -> None:
         """Called by the engine once the model's window is known."""
+        super().set_sliding_window(window, revert_fixes)
         self.window = window
         self._match_across_tombstones = SWA_MATCH_ACROSS_TOMBSTONE in revert_fixes
 
@@ -66,6 +67,16 @@ class SWARadixCache(RadixCache):
         if self.hybrid is None or node is self.root:
             return 0
         return self.hybrid.mapped_pages(self._pages(node)) * self.page_size
+
+    def swa_path_size(self, nodes: list[Any]) -> int:
+        seen: set[int] = set()
+        total = 0
+        for node in nodes:
+            while node is not None and node is not self.root and id(node) not in seen:
+                seen.add(id(node))
+                total += self._swa_slots(node)
+                node = node.parent
+        return total
 
     def swa_evictable_size(self) -> int:
         return self._swa_evictable

@@ -232,7 +232,7 @@ def bench_command(
         from plugserve.bench.hf import Comparison
         from plugserve.bench.runner import Runner
         from plugserve.bench.workloads import get_workload
-        from plugserve.registry import validate_config
+        from plugserve.validation import validate_config
 
         try:
             chosen = get_workload(workload)

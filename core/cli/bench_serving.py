@@ -24,6 +24,9 @@ def run_serving(values: dict[str, Any], offline: dict[str, Any], plot: Path | No
 
     from plugserve.bench import serving
 
+    if offline.get("compare") == "vllm":
+        run_vllm_comparison(values, offline, json_out)
+        return
     given = [f"--{k.replace('_', '-')}" for k, v in offline.items() if v]
     if given:
         raise UsageError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply "
@@ -53,3 +56,47 @@ def run_serving(values: dict[str, Any], offline: dict[str, Any], plot: Path | No
     print_report(report)
     if plot is not None:
         typer.echo(f"plot written to {report['plot']}", err=True)
+
+
+def run_vllm_comparison(values: dict[str, Any], offline: dict[str, Any], json_out: bool) -> None:
+    """`bench serving --compare vllm`: vLLM's `vllm bench serve` against `plugserve serve` and
+    vLLM's server, one at a time, and the engine offline (plugserve.bench.serving_vllm)."""
+    import math
+
+    from plugserve.bench import serving_vllm
+
+    allowed = {"compare", "model", "dtype", "vllm_python"}
+    given = [f"--{k.replace('_', '-')}" for k, v in offline.items() if v and k not in allowed]
+    if values.get("base_url"):
+        given.append("--base-url")
+    if given:
+        raise UsageError(f"{', '.join(given)} do(es) not apply to bench serving --compare vllm: "
+                         "it starts both servers itself (--model, --dtype, --vllm-python, "
+                         "--num-seqs, --input-len, --output-len, --request-rate, --dataset)")
+    python = offline.get("vllm_python")
+    if python is None:
+        raise UsageError("--compare vllm needs --vllm-python (benchmarks/setup_vllm.sh makes "
+                         ".venv-vllm/bin/python)")
+    rate_text = values.get("request_rate") or "inf"
+    try:
+        rate = float(rate_text)
+    except ValueError:
+        raise UsageError(f"--compare vllm takes one --request-rate, got {rate_text!r}") from None
+    from plugserve.bench.hf import hf_model_dir
+
+    options = serving_vllm.VllmServingOptions(
+        python=Path(python), model=Path(hf_model_dir(offline.get("model"))),
+        dtype=offline.get("dtype") or "float32", num_seqs=values.get("num_seqs") or 64,
+        input_len=values.get("input_len") or 128, output_len=values.get("output_len") or 128,
+        request_rate=rate if rate > 0 else math.inf,
+        backend="openai-chat" if values.get("dataset") == "chat" else "openai",
+        seed=values.get("seed") or 0)
+    try:
+        report = serving_vllm.run(options, None if json_out else
+                                  lambda name: typer.echo(f"bench serving: {name} ...", err=True))
+    except (RuntimeError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    if json_out:
+        print_json(report)
+    else:
+        serving_vllm.print_report(report)

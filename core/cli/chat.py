@@ -21,6 +21,7 @@ from plugserve.cli.logs import stderr_logging
 from plugserve.cli.options import (
     AttentionOpt,
     CacheOpt,
+    ChatTemplateOpt,
     DebugOpt,
     DeviceOpt,
     DtypeOpt,
@@ -29,6 +30,7 @@ from plugserve.cli.options import (
     ModelOpt,
     PageSizeOpt,
     PluginOpt,
+    chat_template_option,
     checked_plugin_host,
     engine_config,
 )
@@ -214,6 +216,7 @@ def chat_command(
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    chat_template: ChatTemplateOpt = None,
     log_level: LogLevelOpt = "WARNING",
     debug: DebugOpt = False,
 ) -> None:
@@ -256,16 +259,18 @@ def chat_command(
             problems = sampling.problems(vocab_size=sys.maxsize)
             if problems:
                 raise UsageError("invalid sampling options: " + "; ".join(problems))
-            run_chat(config, options, sampling, system)
+            run_chat(config, options, sampling, system, chat_template_option(chat_template))
 
 
 def run_chat(config: Any, options: list[str], sampling: SamplingParams,
-             system: str | None) -> None:
+             system: str | None, chat_template: str | None = None) -> None:
     from plugserve.engine import Engine
     from plugserve.model.chat_template import ChatTemplateError
 
     interactive = sys.stdin is not None and sys.stdin.isatty()
     engine = Engine(config, plugins=tuple(options))
+    if chat_template is not None:
+        engine.tokenizer.chat_template = chat_template
     try:
         try:
             chat = Chat(engine, sampling, system)
@@ -296,7 +301,7 @@ def run_chat(config: Any, options: list[str], sampling: SamplingParams,
                 note(f"error: {error} (/undo or /reset to make room)"
                      if "context holds" in error else f"error: {error}")
         chat.close()
-        engine.scheduler.settle_idle()  # the checker's idle check, with the session closed
+        engine.step()  # nothing left: it settles (the checker's idle check, session closed)
     finally:
         engine.close()
 

@@ -12,6 +12,7 @@ from plugserve.cli.logs import stderr_logging
 from plugserve.cli.options import (
     AttentionOpt,
     CacheOpt,
+    ChatTemplateOpt,
     DebugOpt,
     DeviceOpt,
     DraftModelOpt,
@@ -26,6 +27,7 @@ from plugserve.cli.options import (
     SpecOpt,
     SpecStepsOpt,
     SpecTopkOpt,
+    chat_template_option,
     checked_plugin_host,
     engine_config,
     print_json,
@@ -53,6 +55,7 @@ def generate_command(
     top_k: Annotated[int, typer.Option(help="-1 = off.")] = -1,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
     chat: Annotated[bool, typer.Option(help="Wrap each prompt in the chat template.")] = False,
+    chat_template: ChatTemplateOpt = None,
     json_out: JsonOpt = False,
     mem_check: MemCheckOpt = None,
     dtype: DtypeOpt = None,
@@ -85,6 +88,7 @@ def generate_command(
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []
             checked_plugin_host(options, config, debug)
+            template = chat_template_option(chat_template)
             sampling = SamplingParams(
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
@@ -96,7 +100,7 @@ def generate_command(
             if problems:
                 raise UsageError("invalid sampling options: " + "; ".join(problems))
             prompts = list(prompt or []) or [read_stdin_prompt()]
-            results, stats = run_requests(config, options, prompts, sampling, chat)
+            results, stats = run_requests(config, options, prompts, sampling, chat, template)
             if json_out:
                 print_json(generate_document(config, prompts, results, stats))
             else:
@@ -118,7 +122,8 @@ def read_stdin_prompt() -> str:
 
 
 def run_requests(
-    config: EngineConfig, options: list[str], prompts: list[str], sampling: Any, chat: bool
+    config: EngineConfig, options: list[str], prompts: list[str], sampling: Any, chat: bool,
+    chat_template: str | None = None,
 ) -> tuple[list[Any], dict[str, Any]]:
     """Start the engine and stream every request, with a progress bar on stderr."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -132,6 +137,8 @@ def run_requests(
     ) as progress:
         task = progress.add_task("loading model", total=None)
         engine = Engine(config, plugins=tuple(options))
+        if chat_template is not None:
+            engine.tokenizer.chat_template = chat_template
         try:
             total = len(prompts) * sampling.max_new_tokens
             progress.update(task, description="generating tokens", total=total, completed=0)

@@ -58,6 +58,11 @@ LogLevelOpt = Annotated[
         help="DEBUG, INFO, WARNING or ERROR: log records of this level and above go to stderr.",
     ),
 ]
+ChatTemplateOpt = Annotated[
+    str | None,
+    typer.Option(metavar="PATH_OR_TEXT",
+                 help="Chat template (a Jinja file or the text) instead of the model's."),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")]
 
@@ -75,7 +80,7 @@ def checked_plugin_host(options: list[str], config: EngineConfig, debug: bool) -
     Runs before any model is loaded, so every configuration error costs nothing.
     """
     from plugserve.plugins import load_plugins
-    from plugserve.registry import validate_config
+    from plugserve.validation import validate_config
 
     host = load_plugins(options, allowlist=config.plugins)
     warn_failures(host, debug)
@@ -100,3 +105,16 @@ def stderr_console() -> Any:
 
 def print_json(document: Any) -> None:
     typer.echo(json.dumps(document, indent=2, default=str))
+
+
+def chat_template_option(value: str | None) -> str | None:
+    """`--chat-template` read and compiled before the model loads (a usage error otherwise)."""
+    if value is None:
+        return None
+    from plugserve.cli.errors import UsageError
+    from plugserve.model.chat_template import ChatTemplateError, load_chat_template
+
+    try:
+        return load_chat_template(value)
+    except ChatTemplateError as exc:
+        raise UsageError(str(exc)) from None

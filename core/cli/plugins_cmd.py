@@ -63,7 +63,8 @@ def plugins_document(host: PluginHost, *, include_skipped: bool) -> dict[str, An
                         "capabilities": e.capabilities_dict(),
                         "notes": list(getattr(e.capabilities, "notes", ())),
                         **(
-                            {"page_tree_whitelisted": e.name in PAGE_TREE_WHITELIST}
+                            {"page_tree_whitelisted": e.page_tree_allowed(),
+                             "unavailable": e.unavailable_reason()}
                             if e.kind == "attention backend"
                             else {}
                         ),
@@ -95,7 +96,8 @@ def plugins_document(host: PluginHost, *, include_skipped: bool) -> dict[str, An
             )
     return {
         "plugins": rows,
-        "page_tree_whitelist": list(PAGE_TREE_WHITELIST),
+        "page_tree_whitelist": [{"distribution": dist, "name": name}
+                                for dist, name in PAGE_TREE_WHITELIST],
         "conflicts": list(host.conflicts),
     }
 
@@ -123,6 +125,8 @@ def print_plugins(document: dict[str, Any]) -> None:
             caps = ", ".join(f"{k}={_cap(v)}" for k, v in entry["capabilities"].items())
             # Notes (e.g. "not verified on a GPU yet") qualify the capabilities they follow.
             notes = "".join(f"\nnote: {note}" for note in entry.get("notes", []))
+            if entry.get("unavailable"):
+                notes += f"\nunavailable here: {entry['unavailable']}"
             registered.add_row(
                 entry["kind"],
                 entry["name"],
@@ -132,9 +136,8 @@ def print_plugins(document: dict[str, Any]) -> None:
             )
     console.print(plugins_table)
     console.print(registered)
-    console.print(
-        "page_size>1 with topk>1 is allowed only for: " + ", ".join(document["page_tree_whitelist"])
-    )
+    console.print("page_size>1 with topk>1 is allowed only for: " + ", ".join(
+        f"{e['name']} ({e['distribution']})" for e in document["page_tree_whitelist"]))
 
 
 def _cap(value: Any) -> str:

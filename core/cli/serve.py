@@ -18,6 +18,7 @@ from plugserve.cli.logs import stderr_logging
 from plugserve.cli.options import (
     AttentionOpt,
     CacheOpt,
+    ChatTemplateOpt,
     DebugOpt,
     DeviceOpt,
     DraftModelOpt,
@@ -31,6 +32,7 @@ from plugserve.cli.options import (
     SpecOpt,
     SpecStepsOpt,
     SpecTopkOpt,
+    chat_template_option,
     checked_plugin_host,
     engine_config,
 )
@@ -77,6 +79,10 @@ def serve_command(
     seed: Annotated[int | None, _int("Engine seed.")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="Tokenizer folder, if not the model's.")
                          ] = None,
+    chat_template: ChatTemplateOpt = None,
+    max_logprobs: Annotated[
+        int | None, _int("Most logprobs alternatives a request may ask per token (default 20).")
+    ] = None,
     max_running_requests: Annotated[int | None, _int("Request rows (batch size limit).")] = None,
     kv_pool_tokens: Annotated[int | None, _int("KV slots per pool.")] = None,
     context_len: Annotated[int | None, _int("Max tokens per request.")] = None,
@@ -127,15 +133,16 @@ def serve_command(
         given = {
             "host": host, "port": port, "api_key": api_key, "max_waiting": max_waiting,
             "max_body_bytes": max_body_bytes, "served_model_name": served_model_name,
-            "shutdown_timeout_s": shutdown_timeout,
+            "shutdown_timeout_s": shutdown_timeout, "max_logprobs": max_logprobs,
         }
         settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []
             checked_plugin_host(options, config, debug)
+            template = chat_template_option(chat_template)
             sock = bind(settings)
             try:
-                run_server(config, options, settings, sock, log_level)
+                run_server(config, options, settings, sock, log_level, template)
             finally:
                 sock.close()
 
@@ -155,7 +162,7 @@ def bind(settings: ServerSettings) -> socket.socket:
 
 
 def run_server(config: Any, options: list[str], settings: ServerSettings,
-               sock: socket.socket, log_level: str) -> None:
+               sock: socket.socket, log_level: str, chat_template: str | None = None) -> None:
     import uvicorn
 
     from plugserve.engine import Engine
@@ -165,23 +172,30 @@ def run_server(config: Any, options: list[str], settings: ServerSettings,
         typer.echo(f"warning: serving on {settings.host} without an API key: anyone who can "
                    "reach this port can use the model (--api-key)", err=True)
     engine = Engine(config, plugins=tuple(options))
+    if chat_template is not None:
+        engine.tokenizer.chat_template = chat_template
     try:
         app = create_app(engine, settings)
         state = app.state.server
         port = sock.getsockname()[1]
         typer.echo(f"plugserve: serving {state.model_id} on http://{settings.host}:{port}/v1 "
                    "(Ctrl-C stops)", err=True)
+        shutdown = app.state.shutdown
         server = _server_class(uvicorn)(uvicorn.Config(
             app, log_config=None, log_level=log_level.lower(), lifespan="on",
-            timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
-            access_log=log_level.upper() in ("DEBUG", "INFO"),
-        ))
+            # The drain (plugserve.server.shutdown) answers every request before uvicorn is
+            # told to exit; this bound only covers connections that stay open after that.
+            timeout_graceful_shutdown=5, access_log=log_level.upper() in ("DEBUG", "INFO"),
+        ), shutdown.on_signal)
+        shutdown.request_exit = lambda: setattr(server, "should_exit", True)
         server.run(sockets=[sock])
         loop = app.state.engine_loop
         if loop.failure is not None:
             raise RuntimeError(f"the engine stopped serving after an error: {loop.failure}")
         whole = loop.idle_memory_problem
-        typer.echo("plugserve: stopped; memory whole at idle: "
+        aborted = f"{shutdown.aborted} request(s) aborted at shutdown; " if shutdown.aborted \
+            else ""
+        typer.echo(f"plugserve: stopped; {aborted}memory whole at idle: "
                    + ("yes" if whole is None else f"NO ({whole})"), err=True)
     finally:
         engine.close()
@@ -189,13 +203,15 @@ def run_server(config: Any, options: list[str], settings: ServerSettings,
 
 def _server_class(uvicorn: Any) -> Any:
     class Server(uvicorn.Server):
-        """Stops on SIGINT / SIGTERM like uvicorn, but does not re-raise the signal after the
-        graceful shutdown (newer uvicorn does): the command reports and exits 0 itself."""
+        """On SIGINT / SIGTERM the app drains first (`on_signal`: grace period, aborts, then
+        `should_exit`); a second signal exits at once. The signal is not re-raised after the
+        shutdown (newer uvicorn does): the command reports and exits 0 itself."""
+
+        def __init__(self, config: Any, on_signal: Any) -> None:
+            super().__init__(config)
+            self.on_signal = on_signal
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            super().handle_exit(sig, frame)
-            captured = getattr(self, "_captured_signals", None)
-            if isinstance(captured, list):
-                captured.clear()
+            self.on_signal(sig)
 
     return Server

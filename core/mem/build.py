@@ -3,7 +3,8 @@ prefix cache and the KV manager that owns them (sizes from the config, the model
 speculative footprint).
 
 A model with sliding-window layers gets a separate `swa` pool for them when the attention
-backend translates their slots (`swa_slot_translation`); otherwise one pool holds every layer.
+backend declares that it translates their slots (`BackendCapabilities.swa_slot_translation`);
+otherwise one pool holds every layer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from plugserve.attention.capabilities import BackendCapabilities
 from plugserve.config import EngineConfig
 from plugserve.mem.manager import KVManager
 from plugserve.model.arch import ModelArchConfig
@@ -43,13 +45,14 @@ class KVMemory:
 
 def build_kv_memory(
     cfg: EngineConfig, arch: ModelArchConfig, *, dtype: torch.dtype, device: torch.device,
-    context_len: int, backend_cls: Any, cache_entry: Any, footprint: SpecFootprint | None,
+    context_len: int, attention_caps: BackendCapabilities, cache_entry: Any,
+    footprint: SpecFootprint | None,
 ) -> KVMemory:
     page = cfg.page_size
     # Windowed layers get their own pool when the backend translates their slots.
     swa_layer_ids = (
         arch.sliding_window_layer_ids
-        if cfg.swa_pools and getattr(backend_cls, "swa_slot_translation", False) else []
+        if cfg.swa_pools and attention_caps.swa_slot_translation else []
     )
     layer_bytes = (2 * arch.num_key_value_heads * arch.head_dim
                    * torch.finfo(dtype).bits // 8)
@@ -89,7 +92,7 @@ def build_kv_memory(
         allocator = PagedAllocator(num_pages, page)
         kv_pool = KVPool(num_pages=num_pages, layer_ids=layer_ids, **pool_args)
     cache = cache_entry.load()(rows, allocator, page)
-    if window and hasattr(cache, "set_sliding_window"):
+    if window:
         cache.set_sliding_window(window, cfg.revert_fixes)
     kv = KVManager(
         rows=rows, allocator=allocator, cache=cache,
@@ -97,5 +100,7 @@ def build_kv_memory(
         sessions=cache_entry.capabilities.sessions,
         revert_fixes=cfg.revert_fixes,
         sliding_window=window if swa_layer_ids else None,
+        spec_reserve_len=footprint.reserve_len if footprint is not None else None,
+        overlap=cfg.overlap,
     )
     return KVMemory(kv, kv_pool, num_pages, list(swa_layer_ids))

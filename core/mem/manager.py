@@ -3,20 +3,29 @@
 It holds the request-row table (`req_to_token`), the accounted pools with their page
 allocators, and the prefix cache. The scheduler decides *who* runs; the manager decides *what
 memory* that takes. Each operation below is one step of a request's life and changes the
-lengths it documents; nothing else writes `kv_committed_len`, `kv_allocated_len`,
-`cache_protected_len`, a row or an allocator:
+lengths it documents. Nothing outside `plugserve.mem` writes `kv_committed_len`,
+`kv_allocated_len`, `cache_protected_len`, a row or an allocator; inside it, only this class
+and the two next door (below) do:
 
     admit            row + locked cached prefix          committed = allocated = protected = match
     extend           a prefill chunk's slots             committed = allocated += chunk
     cache_unfinished a chunk's aligned prefix -> cache   protected = floor_align(committed)
     claim_decode     the slot the next forward writes    committed += 1, allocated += 1
     reserve          a speculative round's slots         allocated = target
-    release          finish / abort                      cache committed prefix, free the rest
+    finish           the request ended                   committed <= tokens; released once no
+                                                         forward in flight writes its KV
+    release          (from finish)                       cache committed prefix, free the rest
     retract          out of memory                       free without caching, lengths reset
 
+The scheduler asks before it acts, in pairs: `can_extend` / `extend`, `can_decode` /
+`claim_decode` (or `spec.prepare_round`). A `can_*` answer makes the room it promises (it
+evicts from the prefix cache), so the act that follows cannot fail; the scheduler does no KV
+arithmetic of its own.
+
 Next door, on the same data: speculative committed-length bookkeeping (pre-claims under the
-overlap loop) in `plugserve.mem.spec_accounting`, and the KV of streaming sessions (a turn
-borrows its session's row and KV and hands them back) in `plugserve.mem.session_kv`.
+overlap loop) in `plugserve.mem.spec_accounting` (owned here, `self.spec`), and the KV of
+streaming sessions (a turn borrows its session's row and KV and hands them back) in
+`plugserve.mem.session_kv`.
 """
 
 from __future__ import annotations
@@ -24,21 +33,22 @@ from __future__ import annotations
 import torch
 
 from plugserve.cache.base import PrefixCache
-from plugserve.fixes import declare_fix_toggle
+from plugserve.fixes import FixToggle
 from plugserve.mem.accounting import AccountedPool, PoolTerms, no_slots
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionStore
+from plugserve.mem.spec_accounting import SpecAccounting
 from plugserve.mem.swa_window import SWAWindow
 from plugserve.pools.allocator import PagedAllocator, ceil_align, floor_align
 from plugserve.pools.req_to_token import ReqToTokenPool
 from plugserve.pools.swa_pool import HybridAllocator
 from plugserve.structs.req import Req
 
-FINISH_OVERALLOC_UNALIGNED = declare_fix_toggle(
+FINISH_OVERALLOC_UNALIGNED = FixToggle(
     "finish_overalloc_unaligned",
     "free over-allocation from the committed length, not from its page boundary",
 )
-RETRACT_NO_RESET = declare_fix_toggle(
+RETRACT_NO_RESET = FixToggle(
     "retract_no_reset", "retract a request without resetting its KV lengths"
 )
 
@@ -54,6 +64,8 @@ class KVManager:
         sessions: bool = False,
         revert_fixes: frozenset[str] = frozenset(),
         sliding_window: int | None = None,
+        spec_reserve_len: int | None = None,
+        overlap: bool = False,
     ) -> None:
         self.rows = rows
         self.cache = cache
@@ -78,13 +90,19 @@ class KVManager:
             self.swa_window = SWAWindow(allocator, rows, sliding_window, revert_fixes)
             self.pools.append(AccountedPool(
                 "swa", allocator.swa,
-                getattr(cache, "swa_evictable_size", no_slots),
-                getattr(cache, "swa_protected_size", no_slots),
+                cache.swa_evictable_size,
+                cache.swa_protected_size,
                 req_not_owned_prefix=self.swa_window.not_owned_prefix,
                 session_held=(lambda: store.held_swa_slots(self.page_size)) if store
                 else no_slots,
-                evict=getattr(cache, "evict_swa", self.full.evict),
+                evict=cache.evict_swa,
             ))
+        # Speculative decoding: each round keeps `spec_reserve_len` slots allocated past the
+        # committed length (the algorithm's footprint); None = no speculation.
+        self.spec = (
+            SpecAccounting(self, spec_reserve_len, overlap=overlap, revert_fixes=revert_fixes)
+            if spec_reserve_len is not None else None
+        )
         self._overalloc_from_committed = FINISH_OVERALLOC_UNALIGNED in revert_fixes
         self._retract_keeps_lengths = RETRACT_NO_RESET in revert_fixes
 
@@ -102,6 +120,11 @@ class KVManager:
     def session_held_rows(self) -> int:
         """Rows owned by streaming-session slots."""
         return self.sessions.store.held_rows() if self.sessions is not None else 0
+
+    def session_locked_slots(self, pool: str) -> int:
+        """Slots of `pool` the cache protects for open streaming sessions (their first turn's
+        matched prefix stays locked between turns): at idle, all it may protect."""
+        return self.sessions.locked_prefix_slots(pool) if self.sessions is not None else 0
 
     def forget_waiting(self, req: Req) -> None:
         """A request ended before it was admitted (aborted while waiting)."""
@@ -133,7 +156,10 @@ class KVManager:
         row = self.rows.alloc()
         if row is None:
             return False
-        match = self.cache.match_prefix(req.all_ids[:-1])
+        # Prompt logprobs need every prompt position computed: such a request reads no
+        # cached prefix (what it computes is inserted at its end like any other).
+        reads_cache = req.sampling.prompt_logprobs is None
+        match = self.cache.match_prefix(req.all_ids[:-1] if reads_cache else [])
         req.req_pool_idx = row
         req.is_retracted = False
         req.last_node = match.node
@@ -157,8 +183,57 @@ class KVManager:
             self.rows.free(req.req_pool_idx)
         req.reset_for_retract()
 
+    # --- asking before acting --------------------------------------------------------------
+    def decode_pages_per_req(self) -> int:
+        """Pages one running request may take in its next decode step: one page, or a
+        speculative round's whole reserve."""
+        if self.spec is None:
+            return 1
+        return -(-self.spec.reserve_len // self.page_size) + 1
+
+    def can_extend(self, req: Req, extend_len: int, running_decodes: int) -> bool:
+        """Whether a prefill chunk of `extend_len` tokens fits while `running_decodes` running
+        requests keep room for their next decode (a long prompt must not push them into
+        retract). True = that room is made (the cache evicted as needed): `extend` follows."""
+        need = self._pages_to_grow(req, req.kv_allocated_len + extend_len)
+        return self._ensure_free_pages(need + running_decodes * self.decode_pages_per_req())
+
+    def can_decode(self, reqs: list[Req]) -> bool:
+        """Whether every request of `reqs` gets the slots of its next decode (one slot, or a
+        speculative round's reserve). True = that room is made: `claim_decode` or
+        `spec.prepare_round` follows for each."""
+        return self._ensure_free_pages(self.decode_pages_needed(reqs))
+
+    def decode_pages_needed(self, reqs: list[Req]) -> int:
+        """New pages the next decode of every request of `reqs` takes."""
+        return sum(self._pages_to_grow(r, self._decode_target_len(r)) for r in reqs)
+
+    def _decode_target_len(self, req: Req) -> int:
+        if self.spec is not None:
+            return self.spec.target_allocated_len(req)
+        return req.kv_allocated_len + 1
+
+    def idle_sessions_in_the_way(self) -> str | None:
+        """When idle streaming sessions hold KV (they keep it between turns), why a request
+        that finds no room cannot run until some close; None when they hold none."""
+        held = sum(pool.session_held() for pool in self.pools)
+        if not held:
+            return None
+        alloc = self.allocator
+        return (f"request needs KV slots that idle streaming sessions hold ({held} slots in "
+                f"session slots, {alloc.available_size()} of {alloc.total_slots} free): close "
+                "sessions or raise kv_pool_tokens")
+
+    def capacity(self) -> str:
+        """What the full pool holds now, for error messages."""
+        alloc = self.allocator
+        return (f"{alloc.available_size()} of {alloc.total_slots} KV slots free, "
+                f"{self.cache.evictable_size()} evictable, {self.cache.protected_size()} "
+                f"locked by the cache, {self.rows.available_rows()} of {self.rows.num_rows} "
+                "rows free")
+
     # --- allocation -----------------------------------------------------------------------
-    def ensure_free_pages(self, num_pages: int) -> bool:
+    def _ensure_free_pages(self, num_pages: int) -> bool:
         """Make `num_pages` free pages in every pool (a full page takes a SWA page too),
         evicting unlocked cache entries if needed."""
         need = num_pages * self.page_size
@@ -174,7 +249,7 @@ class KVManager:
         if self.swa_window is not None:
             self.swa_window.evict(reqs)
 
-    def pages_to_grow(self, req: Req, new_allocated_len: int) -> int:
+    def _pages_to_grow(self, req: Req, new_allocated_len: int) -> int:
         """New pages the request needs to reach `new_allocated_len` allocated slots."""
         return self.allocator.pages_needed(req.kv_allocated_len,
                                            max(req.kv_allocated_len, new_allocated_len))
@@ -185,33 +260,31 @@ class KVManager:
         assert req.req_pool_idx is not None
         return int(self.rows.req_to_token[req.req_pool_idx, req.kv_allocated_len - 1])
 
-    def _grow(self, req: Req, new_allocated_len: int) -> list[int] | None:
-        """Allocate row positions [allocated, new_allocated_len); None (nothing taken) when
-        the pool is short even after eviction."""
+    def _grow(self, req: Req, new_allocated_len: int, why: str) -> list[int]:
+        """Allocate row positions [allocated, new_allocated_len). The scheduler asked first
+        (`can_extend` / `can_decode`), so a pool still short is a broken promise."""
         old = req.kv_allocated_len
-        if not self.ensure_free_pages(self.pages_to_grow(req, new_allocated_len)):
-            return None
+        if not self._ensure_free_pages(self._pages_to_grow(req, new_allocated_len)):
+            raise RuntimeError(f"no room for {why} of {req} ({self.capacity()}); the scheduler "
+                               "must ask can_extend / can_decode first")
         slots = self.allocator.extend_slots(self._last_slot(req), old, new_allocated_len)
         assert slots is not None and req.req_pool_idx is not None
         self.rows.write(req.req_pool_idx, old, slots)
         req.kv_allocated_len = new_allocated_len
         return slots
 
-    def extend(self, req: Req, extend_len: int) -> list[int] | None:
+    def extend(self, req: Req, extend_len: int) -> list[int]:
         """Slots for a prefill chunk of `extend_len` tokens after the committed KV."""
         prefix = req.kv_allocated_len
-        slots = self._grow(req, req.kv_allocated_len + extend_len)
-        if slots is not None:
-            req.kv_committed_len = req.kv_allocated_len
-            req.swa_read_from = prefix  # the chunk's first query
+        slots = self._grow(req, req.kv_allocated_len + extend_len, "a prefill chunk")
+        req.kv_committed_len = req.kv_allocated_len
+        req.swa_read_from = prefix  # the chunk's first query
         return slots
 
     def claim_decode(self, req: Req) -> int:
         """Claim the slot the next decode forward writes (committed += 1, allocated += 1)."""
         req.swa_read_from = req.kv_allocated_len  # the decode's one query
-        slots = self._grow(req, req.kv_allocated_len + 1)
-        if slots is None:
-            raise RuntimeError(f"no free slot for the decode of {req}; room is made first")
+        slots = self._grow(req, req.kv_allocated_len + 1, "the decode")
         req.kv_committed_len += 1
         return slots[0]
 
@@ -230,12 +303,33 @@ class KVManager:
         # The round verifies from the committed length (under overlap it starts no earlier
         # than this, resolved one round late); one position earlier to be safe.
         req.swa_read_from = max(req.kv_committed_len - 1, 0)
-        if allocated_len > req.kv_allocated_len and self._grow(req, allocated_len) is None:
-            raise RuntimeError(f"no room for the reserve of {req}; room is made first")
+        if allocated_len > req.kv_allocated_len:
+            self._grow(req, allocated_len, "the speculative reserve")
+
+    # --- the end of a request ---------------------------------------------------------------
+    def finish(self, req: Req) -> None:
+        """The request ended (finished, aborted or failed; its reason is set). Its committed
+        length is settled, then its KV is released once no forward writes it."""
+        if self.spec is not None:
+            self.spec.settle_finished(req)
+        # A forward in flight may have claimed the slot of a token that never came (an
+        # error, an abort): only KV of real tokens is committed, the rest is over-allocation.
+        req.kv_committed_len = min(req.kv_committed_len, req.seq_len)
+        self.release_if_done(req)
+
+    def release_if_done(self, req: Req) -> None:
+        """Release a finished request's KV once no forward that writes it is in flight (the
+        overlap loop may still be running one)."""
+        if req.finish_released or req.pending_forwards > 0:
+            return
+        if req.req_pool_idx is None:
+            req.finish_released = True  # it never held KV (or gave it back on retract)
+            return
+        self.release(req)
 
     # --- release --------------------------------------------------------------------------
     def release(self, req: Req) -> None:
-        """Finish or abort: keep the page-aligned committed prefix in the cache, free the
+        """Finish or abort (through `finish`): keep the page-aligned committed prefix in the cache, free the
         rest, unlock, free the row. Abort frees exactly like finish. A session turn that
         finished hands its KV to its session instead; one that was aborted (or failed) leaves
         the session as it was after its previous turn."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from plugserve.fixes import declare_fix_toggle
+from plugserve.fixes import FixToggle
 from plugserve.mem.sessions import SessionError, SessionSlot, SessionStore
 from plugserve.pools.allocator import ceil_align
 from plugserve.structs.req import Req
@@ -31,12 +31,12 @@ from plugserve.structs.req import Req
 if TYPE_CHECKING:
     from plugserve.mem.manager import KVManager
 
-SESSION_DOUBLE_COUNT = declare_fix_toggle(
+SESSION_DOUBLE_COUNT = FixToggle(
     "session_double_count",
     "count a session slot lent to a running request in session_held too (the checker then "
     "reports a false leak)",
 )
-SESSION_RETRACT_TAIL_LEAK = declare_fix_toggle(
+SESSION_RETRACT_TAIL_LEAK = FixToggle(
     "session_retract_tail_leak",
     "retracting a session turn does not free the turn's own pages past the slot's KV",
 )
@@ -189,10 +189,13 @@ class SessionKV:
         slot = self.store.slots.get(req.session_id or "")
         return slot is not None and slot.row is not None and slot.row == req.req_pool_idx
 
-    def locked_prefix_slots(self) -> int:
-        """Cached slots the open slots keep locked between turns (their first turn's matched
-        prefix): at idle, the only slots the cache may still protect."""
+    def locked_prefix_slots(self, pool: str = "full") -> int:
+        """Cached slots of `pool` ("full" or "swa") the open slots keep locked between turns
+        (their first turn's matched prefix): at idle, the only slots the cache may still
+        protect in that pool."""
         nodes = [s.last_node for s in self.store.slots.values() if s.row is not None]
+        if pool == "swa":
+            return self.kv.cache.swa_path_size(nodes)
         return self.kv.cache.path_size(nodes)
 
     # --- closing --------------------------------------------------------------------------

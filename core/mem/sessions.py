@@ -12,8 +12,8 @@ The rules that move KV in and out of slots live in the KV manager; this module i
 
 from __future__ import annotations
 
-import itertools
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +58,6 @@ class SessionStore:
     def __init__(self, max_sessions: int) -> None:
         self.max_sessions = max_sessions
         self.slots: dict[str, SessionSlot] = {}
-        self._ids = itertools.count()
         self.count_lent_too = False  # fix toggle session_double_count (the old, wrong rule)
 
     def open(self, timeout_s: float) -> SessionSlot:
@@ -70,7 +69,7 @@ class SessionStore:
                 f"request row between turns (at most {self.max_sessions}: "
                 "max_running_requests); close one or raise max_running_requests"
             )
-        sid = f"session-{next(self._ids)}"
+        sid = f"session-{uuid.uuid4().hex}"  # unguessable: a server hands them to clients
         slot = SessionSlot(sid, float(timeout_s))
         self.slots[sid] = slot
         return slot

@@ -8,18 +8,22 @@ An always-on check refuses a round whose reserve would not fit the request's row
 Committed length: under the normal loop a round adds its accept length when it resolves.
 Under the overlap loop the round's first slot (the verified last token's KV, certain to be
 written) is pre-claimed when the round is prepared (committed += 1) and resolve adds
-`accept_len - 1`; when a request finishes, the pre-claims of rounds still in flight for it
-are undone, so its committed length is what its resolved rounds wrote.
+`accept_len - 1`. When a request finishes, the round in flight for it still writes its last
+token's KV, so that pre-claim is kept (committed = its tokens, as after a plain overlapped
+decode); pre-claims of any later rounds are undone.
 """
 
 from __future__ import annotations
 
-from plugserve.fixes import declare_fix_toggle
-from plugserve.mem.manager import KVManager
-from plugserve.structs.req import Req
-from plugserve.structs.spec_footprint import SpecFootprint
+from typing import TYPE_CHECKING
 
-SPEC_V2_BONUS_PRECLAIM = declare_fix_toggle(
+from plugserve.fixes import FixToggle
+from plugserve.structs.req import Req
+
+if TYPE_CHECKING:
+    from plugserve.mem.manager import KVManager
+
+SPEC_V2_BONUS_PRECLAIM = FixToggle(
     "spec_v2_bonus_preclaim",
     "overlap loop: do not pre-claim the bonus slot when a round is prepared; resolve adds "
     "the whole accept length one step late",
@@ -28,11 +32,11 @@ SPEC_V2_BONUS_PRECLAIM = declare_fix_toggle(
 
 class SpecAccounting:
     def __init__(
-        self, kv: KVManager, footprint: SpecFootprint, *, overlap: bool,
+        self, kv: KVManager, reserve_len: int, *, overlap: bool,
         revert_fixes: frozenset[str] = frozenset(),
     ) -> None:
         self.kv = kv
-        self.reserve_len = footprint.reserve_len
+        self.reserve_len = reserve_len  # the algorithm's SpecFootprint.reserve_len
         self.preclaims_bonus = overlap and SPEC_V2_BONUS_PRECLAIM not in revert_fixes
 
     def target_allocated_len(self, req: Req) -> int:
@@ -59,9 +63,14 @@ class SpecAccounting:
 
     @staticmethod
     def settle_finished(req: Req) -> None:
-        """A request finished: drop the pre-claims of rounds still in flight for it (the
-        scheduler then keeps committed within its tokens)."""
-        req.kv_committed_len -= req.spec_preclaims
+        """A request finished with rounds still in flight (overlap loop). The first of them
+        starts at the request's last token and writes that token's KV, which its pre-claim
+        counted: that claim stays, as the slot a plain decode in flight claimed stays (a
+        streaming session then saves the same committed length as without speculation). The
+        pre-claims of any later rounds are undone; the KV manager then keeps committed within
+        the request's tokens."""
+        if req.spec_preclaims > 1:
+            req.kv_committed_len -= req.spec_preclaims - 1
         req.spec_preclaims = 0
 
     @staticmethod

@@ -19,18 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from plugserve.fixes import declare_fix_toggle
+from plugserve.fixes import FixToggle
 from plugserve.pools.allocator import ceil_align, floor_align
 from plugserve.pools.req_to_token import ReqToTokenPool
 from plugserve.pools.swa_pool import HybridAllocator
 from plugserve.structs.req import Req
 
-SWA_UNCACHED_FROM_PROTECTED = declare_fix_toggle(
+SWA_UNCACHED_FROM_PROTECTED = FixToggle(
     "swa_uncached_from_protected",
     "count a request's SWA uncached slots from cache_protected_len alone, ignoring the pages "
     "it freed out of the window (the checker then reports a false leak)",
 )
-SWA_EVICT_PARTIAL_PAGE = declare_fix_toggle(
+SWA_EVICT_PARTIAL_PAGE = FixToggle(
     "swa_evict_partial_page",
     "window eviction rounds its boundary up to a page: it frees the page still read by the "
     "window (wrong tokens)",

@@ -11,6 +11,7 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -70,3 +71,27 @@ def render_chat_template(
         )
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"the chat template failed to render: {exc}") from exc
+
+
+def load_chat_template(path_or_text: str) -> str:
+    """The template `--chat-template` names (vLLM's flag): a file holding one, or the Jinja
+    text itself. Compiled once here, so a broken template stops start-up, not a request."""
+    try:
+        path = Path(path_or_text)
+        is_file = len(path_or_text) < 4096 and path.is_file()
+    except (OSError, ValueError):
+        is_file = False
+    if is_file:
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ChatTemplateError(f"--chat-template {path_or_text!r}: cannot read the file: "
+                                    f"{exc}") from None
+    elif "{{" in path_or_text or "{%" in path_or_text:
+        source = path_or_text
+    else:
+        raise ChatTemplateError(
+            f"--chat-template {path_or_text!r}: no such file, and not a Jinja template (no "
+            "'{{' or '{%' in it); give a template file or the template text")
+    compile_chat_template(source)
+    return source

@@ -17,7 +17,8 @@ import torch
 from plugserve.attention.base import AttentionBackend
 from plugserve.pools.kv_pool import KVPool
 from plugserve.pools.req_to_token import ReqToTokenPool
-from plugserve.runner.sampler import sample
+from plugserve.runner import prompt_logprobs
+from plugserve.runner.sampler import Sampler, SampleRows
 from plugserve.spec.base import SpecAlgorithm
 from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
 from plugserve.structs.schedule_batch import ScheduleBatch
@@ -33,6 +34,7 @@ class ModelRunner:
         req_to_token_pool: ReqToTokenPool,
         context_len: int,
         device: torch.device,
+        eos_token_ids: frozenset[int] = frozenset(),
     ) -> None:
         self.model = model
         self.backend = backend
@@ -45,6 +47,8 @@ class ModelRunner:
         self._next_ref = 0
         self.time_s: defaultdict[str, float] = defaultdict(float)
         self.spec: SpecAlgorithm | None = None  # set by the engine when speculation is on
+        num_rows = req_to_token_pool.num_rows if req_to_token_pool is not None else 0
+        self.sampler = Sampler(num_rows, device, eos_token_ids)
 
     def assign_future_refs(self, batch: ScheduleBatch) -> list[int]:
         refs = [(self._next_ref + i) % self.future_size for i in range(len(batch.reqs))]
@@ -85,6 +89,8 @@ class ModelRunner:
                 for r, sampled in zip(batch.reqs, batch.sample_mask, strict=True)
             ]
         reqs = list(batch.reqs)
+        if batch.mode is ForwardMode.EXTEND and prompt_logprobs.wanted(reqs, fb):
+            fb.capture_hidden = True  # every token's hidden state: prompt logprobs
         params = [reqs[i].sampling for i in sample_rows]
         step = PreparedStep(
             reqs=reqs,
@@ -121,7 +127,7 @@ class ModelRunner:
         logprobs_all: list[float] | None = None
         errors: list[str | None] | None = None
         if step.sample_rows:
-            sampled = sample(out.logits, step.params, step.generators, step.want_logprobs)
+            sampled = self._sample(step, out.logits)
             logprobs = sampled.logprobs
             if sampled.any_error:
                 errors = [None] * len(step.reqs)
@@ -137,6 +143,9 @@ class ModelRunner:
                 logprobs_all = [0.0] * len(step.reqs)
                 for row, lp in zip(step.sample_rows, logprobs, strict=True):
                     logprobs_all[row] = lp
+        token_hidden = getattr(out, "token_hidden_states", None)
+        if token_hidden is not None and prompt_logprobs.wanted(step.reqs, fb):
+            prompt_logprobs.compute(self.model, step.reqs, fb, token_hidden)
         t3 = time.perf_counter()
         if self.spec is not None and fb.mode is ForwardMode.EXTEND:
             with torch.inference_mode():
@@ -146,6 +155,24 @@ class ModelRunner:
         self.time_s["forward"] += t2 - t1
         self.time_s["sample"] += t3 - t2
         return StepOutput(next_ids, logprobs_all, step.future_refs, errors=errors)
+
+    def _sample(self, step: PreparedStep, logits: torch.Tensor) -> Any:
+        """Sample every sampled row; each row's top logprobs go into its request by the
+        position of the token sampled (what the request's output index is read from)."""
+        fb = step.forward_batch
+        rows = SampleRows(step.params, step.generators)
+        if any(p.top_logprobs or p.decode_time_fields() for p in step.params):
+            # The requests' history and positions: the token a row samples goes to position
+            # seq_len (its last input is seq_len - 1).
+            rows.reqs = [step.reqs[r] for r in step.sample_rows]
+            rows.positions = [fb.seq_lens_cpu[r] for r in step.sample_rows]
+        sampled = self.sampler.sample(logits, rows, step.want_logprobs)
+        reqs, positions = rows.reqs, rows.positions
+        if sampled.top_logprobs is not None:
+            for req, position, top in zip(reqs, positions, sampled.top_logprobs, strict=True):
+                if top is not None:
+                    req.top_logprobs_at[position] = top
+        return sampled
 
 
 def _shifted_token_ids(batch: ScheduleBatch) -> list[int]:

@@ -1,140 +1,147 @@
-"""Prefill adder: picks waiting requests (and the chunked one) into one extend batch.
+"""The prefill adder: picks waiting requests (and the chunked one) into one extend batch.
 
 Rules (DESIGN.md §4, applied by the KV manager): a prefill's matched prefix is page-aligned
 and locked; committed = allocated = prefix + extend; a request too long for the token budget
 is chunked at a page boundary, and between chunks its aligned prefix is cached as unfinished.
 Every prefill, a continuing chunk too, leaves room for each running request's next decode.
+
+The adder changes no scheduler state: it returns a `PrefillDecision` (the batch, the requests
+it took off the waiting queue, the request whose prefill continues, a request to requeue) and
+the scheduler applies it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
+from plugserve.config import EngineConfig
+from plugserve.mem.manager import KVManager
 from plugserve.pools.allocator import floor_align
 from plugserve.structs.forward_batch import ForwardMode
 from plugserve.structs.req import Req
 from plugserve.structs.schedule_batch import ScheduleBatch
 
-if TYPE_CHECKING:
-    from plugserve.sched.scheduler import Scheduler
+
+@dataclass
+class PrefillDecision:
+    batch: ScheduleBatch | None  # None: no prefill runs this step
+    admitted: list[Req] = field(default_factory=list)  # taken off the waiting queue, in order
+    chunked_req: Req | None = None  # the request whose prefill continues in a later step
+    requeued: Req | None = None  # retracted mid-prompt: back to the front of the queue
+    prefill_tokens: int = 0
 
 
-def decode_pages_per_req(sched: Scheduler) -> int:
-    """Pages one running request may take in its next decode step: one page, or a
-    speculative round's whole reserve."""
-    if sched.spec_kv is None:
-        return 1
-    return -(-sched.spec_kv.reserve_len // sched.page_size) + 1
+class PrefillAdder:
+    def __init__(self, config: EngineConfig, kv: KVManager) -> None:
+        self.kv = kv
+        self.page_size = config.page_size
+        self.budget = config.chunked_prefill_size or config.max_prefill_tokens
+        self.chunking = config.chunked_prefill_size > 0
+        self.max_running_requests = config.max_running_requests
 
+    def build(
+        self, waiting: Sequence[Req], chunked: Req | None, running: int, forward_in_flight: bool,
+    ) -> PrefillDecision:
+        """The next extend batch from the chunked request (first) and the waiting queue, with
+        `running` requests decoding beside it and maybe a forward in flight (overlap loop)."""
+        batch = ScheduleBatch(torch.empty(0, dtype=torch.int64), [], ForwardMode.EXTEND)
+        decision = PrefillDecision(batch, chunked_req=chunked)
+        budget = self.budget
+        # Prompts this batch computes, so no other request computes the same long prefix.
+        in_batch = _InBatchPrefixes(self.page_size)
+        if chunked is not None:
+            take = self._continue_chunk(decision, chunked, running, forward_in_flight)
+            if take is None:
+                return decision
+            in_batch.add(chunked, chunked.kv_committed_len - take)
+            budget -= take
+            if decision.chunked_req is not None:
+                batch.refresh_rows()
+                return decision
+        for req in waiting:
+            if budget <= 0 or running + len(batch.reqs) >= self.max_running_requests:
+                break
+            if in_batch.computes_prefix_of(req):
+                # Another request of this batch is computing the same long prefix: it waits
+                # one step and reuses it from the cache instead of computing it twice.
+                continue
+            if not self.kv.admit(req):
+                break
+            prefix_len = req.kv_committed_len
+            remaining = req.seq_len - prefix_len
+            if remaining <= budget:
+                take, final = remaining, True
+            elif self.chunking:
+                take, final = floor_align(budget, self.page_size), False
+            else:
+                take, final = remaining, True  # no chunking: a long prompt goes alone
+                if batch.reqs:
+                    self.kv.unadmit(req)
+                    break
+            # Keep room for every running request's next decode step.
+            if take <= 0 or not self.kv.can_extend(req, take, running + len(batch.reqs)):
+                self.kv.unadmit(req)
+                break
+            decision.admitted.append(req)
+            self._add(decision, req, prefix_len, take, final)
+            budget -= take
+            in_batch.add(req, prefix_len)
+            if not final:
+                req.is_chunked += 1
+                decision.chunked_req = req
+                break
+        if batch.reqs:
+            batch.refresh_rows()
+        else:
+            decision.batch = None
+        return decision
 
-def build_prefill_batch(sched: Scheduler) -> ScheduleBatch | None:
-    cfg = sched.config
-    page = sched.page_size
-    budget = cfg.chunked_prefill_size or cfg.max_prefill_tokens
-    chunking = cfg.chunked_prefill_size > 0
-    batch = ScheduleBatch(torch.empty(0, dtype=torch.int64), [], ForwardMode.EXTEND)
+    def _continue_chunk(
+        self, decision: PrefillDecision, req: Req, running: int, forward_in_flight: bool,
+    ) -> int | None:
+        """The chunked request's next chunk, keeping room for every running request's next
+        decode (a long prompt must not push running decodes into retract). Returns the tokens
+        it takes, or None when no prefill runs this step."""
+        prefix_len = req.kv_committed_len
+        remaining = req.seq_len - prefix_len
+        take = remaining if remaining <= self.budget else floor_align(self.budget,
+                                                                      self.page_size)
+        if take > 0 and self.kv.can_extend(req, take, running):
+            final = take == remaining
+            self._add(decision, req, prefix_len, take, final)
+            if final:
+                req.is_chunked = 0
+                decision.chunked_req = None
+            else:
+                req.is_chunked += 1
+            return take
+        decision.batch = None
+        if take > 0 and not (running or forward_in_flight):
+            # Out of memory mid-prompt with nothing else running: give the chunk's KV back
+            # (its cached prefix stays in the cache) and retry from the queue.
+            self.kv.retract(req)
+            decision.chunked_req = None
+            decision.requeued = req
+        # Otherwise the decodes (or the forward in flight) run first: they finish and give
+        # memory back, and a request is never retracted while a forward still writes its row.
+        return None
 
-    kv = sched.kv
-
-    def add(req: Req, prefix_len: int, extend_len: int, final: bool) -> bool:
-        slots = kv.extend(req, extend_len)
-        if slots is None:
-            return False
-        fill = req.all_ids
-        sched.stats["prefill_tokens"] += extend_len
+    def _add(self, decision: PrefillDecision, req: Req, prefix_len: int, extend_len: int,
+             final: bool) -> None:
+        batch = decision.batch
+        assert batch is not None
+        slots = self.kv.extend(req, extend_len)  # the room was made by can_extend
+        decision.prefill_tokens += extend_len
         batch.reqs.append(req)
-        batch.input_ids.extend(fill[prefix_len : prefix_len + extend_len])
+        batch.input_ids.extend(req.all_ids[prefix_len : prefix_len + extend_len])
         batch.positions.extend(range(prefix_len, prefix_len + extend_len))
         batch.out_cache_loc.extend(slots)
         batch.prefix_lens.append(prefix_len)
         batch.extend_lens.append(extend_len)
         batch.sample_mask.append(final)
-        return True
-
-    # Prompts this batch computes, so no other request computes the same long prefix.
-    in_batch = _InBatchPrefixes(page)
-    running = len(sched.running_batch.reqs)
-    # A chunked request continues first, keeping room for every running request's next
-    # decode step: a long prompt must not push running decodes into retract.
-    if sched.chunked_req is not None:
-        req = sched.chunked_req
-        prefix_len = req.kv_committed_len
-        remaining = req.seq_len - prefix_len
-        take = remaining if remaining <= budget else floor_align(budget, page)
-        need = kv.pages_to_grow(req, req.kv_allocated_len + take)
-        if take > 0 and kv.ensure_free_pages(need + running * decode_pages_per_req(sched)):
-            ok = add(req, prefix_len, take, final=take == remaining)
-            assert ok
-            in_batch.add(req, prefix_len)
-            budget -= take
-            if take == remaining:
-                req.is_chunked = 0
-                sched.chunked_req = None
-            else:
-                req.is_chunked += 1
-            if sched.chunked_req is not None:
-                batch.refresh_rows()
-                return batch
-        elif take > 0 and (running or sched.has_inflight):
-            # The decodes (or the forward in flight) run first: they finish and give memory
-            # back, and a request is never retracted while a forward still writes its row.
-            return None
-        elif take > 0:
-            # Out of memory mid-prompt with nothing else running: give the chunk's KV back
-            # (its cached prefix stays in the cache) and retry from the queue.
-            kv.retract(req)
-            sched.stats["retracted_reqs"] += 1
-            sched.chunked_req = None
-            sched.waiting.appendleft(req)
-            return None
-
-    deferred: list[Req] = []
-    while sched.waiting and budget > 0:
-        if running + len(batch.reqs) >= cfg.max_running_requests:
-            break
-        req = sched.waiting[0]
-        if in_batch.computes_prefix_of(req):
-            # Another request of this batch is computing the same long prefix: wait one step
-            # and reuse it from the cache instead of computing it twice.
-            deferred.append(sched.waiting.popleft())
-            continue
-        if not kv.admit(req):
-            break
-        prefix_len = req.kv_committed_len
-        remaining = req.seq_len - prefix_len
-        # Keep room for every running request's next decode step (one page, or a
-        # speculative round's whole reserve).
-        reserve_pages = (running + len(batch.reqs)) * decode_pages_per_req(sched)
-        if remaining <= budget:
-            take, final = remaining, True
-        elif chunking:
-            take, final = floor_align(budget, page), False
-        else:
-            take, final = remaining, True  # no chunking: a long prompt goes alone
-            if batch.reqs:
-                kv.unadmit(req)
-                break
-        need_pages = kv.pages_to_grow(req, req.kv_allocated_len + take)
-        if take <= 0 or not kv.ensure_free_pages(need_pages + reserve_pages):
-            kv.unadmit(req)
-            break
-        sched.waiting.popleft()
-        ok = add(req, prefix_len, take, final)
-        assert ok
-        budget -= take
-        in_batch.add(req, prefix_len)
-        if not final:
-            req.is_chunked += 1
-            sched.chunked_req = req
-            break
-    for req in reversed(deferred):
-        sched.waiting.appendleft(req)
-    if not batch.reqs:
-        return None
-    batch.refresh_rows()
-    return batch
 
 
 class _InBatchPrefixes:

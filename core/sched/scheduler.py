@@ -6,6 +6,10 @@ thread, then process N's results; the inputs of N+1 that N produces are *future*
 runner resolves on the worker thread, which runs batches in order.
 
 The scheduler decides *who* runs; the KV manager (`self.kv`) decides what memory that takes.
+Its helpers decide one thing each and return it instead of writing scheduler state: the
+prefill adder (`PrefillAdder.build` -> `PrefillDecision`), the decode manager (room, retract
+victims, the decode layout) and result processing (tokens emitted, requests finished). The
+scheduler applies their decisions; a request is finished in one place, `finish_req`.
 """
 
 from __future__ import annotations
@@ -18,14 +22,12 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from plugserve.config import EngineConfig
-from plugserve.fixes import declare_fix_toggle
+from plugserve.fixes import FixToggle
 from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.manager import KVManager
-from plugserve.mem.spec_accounting import SpecAccounting
-from plugserve.sched.decode import append_decode, make_room_for_decode, prepare_decode
-from plugserve.sched.prefill import build_prefill_batch
-from plugserve.sched.results import process_result, release_when_done
-from plugserve.sched.spec_decode import prepare_spec_decode
+from plugserve.sched.decode import DecodeManager
+from plugserve.sched.prefill import PrefillAdder, PrefillDecision
+from plugserve.sched.results import StopRules, process_result
 from plugserve.structs.forward_batch import ForwardMode
 from plugserve.structs.req import Req
 from plugserve.structs.schedule_batch import ScheduleBatch
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from plugserve.spec.base import SpecAlgorithm
     from plugserve.structs.step import PreparedStep, StepOutput
 
-BATCH_IDENTITY = declare_fix_toggle(
+BATCH_IDENTITY = FixToggle(
     "batch_identity", "count the running batch by ==, not by identity, next to the last batch"
 )
 
@@ -60,8 +62,9 @@ class Scheduler:
         self.kv = kv
         self.hook = hook
         self.page_size = config.page_size
-        self.eos_token_ids = eos_token_ids
-        self.decode_text = decode_text
+        self.stop_rules = StopRules(eos_token_ids, int(runner.context_len), decode_text)
+        self.prefill_adder = PrefillAdder(config, kv)
+        self.decode = DecodeManager(kv, config.page_size)
         self.waiting: deque[Req] = deque()
         self.running_batch = ScheduleBatch.empty()
         self.chunked_req: Req | None = None
@@ -73,11 +76,6 @@ class Scheduler:
         self.stats: collections.Counter[str] = collections.Counter()
         self.step_time_s: collections.defaultdict[str, float] = collections.defaultdict(float)
         self.spec = spec
-        self.spec_kv = (
-            SpecAccounting(kv, spec.footprint, overlap=config.overlap,
-                           revert_fixes=config.revert_fixes)
-            if spec is not None else None
-        )
         self._count_batches_by_equality = BATCH_IDENTITY in config.revert_fixes
         self._steps_without_progress = 0
 
@@ -97,8 +95,6 @@ class Scheduler:
                 return True
         for req in self._live_reqs():
             if req.rid == rid and not req.finished():
-                if req is self.chunked_req:
-                    self.chunked_req = None  # no further chunk may run for it
                 self.finish_req(req, "abort", time.perf_counter())
                 return True
         return False
@@ -184,7 +180,8 @@ class Scheduler:
         # Sliding-window KV that no forward reads any more goes back to the SWA pool.
         self.kv.evict_out_of_window(
             [*self.running_batch.reqs, *([self.chunked_req] if self.chunked_req else [])])
-        prefill = build_prefill_batch(self)
+        prefill = self._apply(self.prefill_adder.build(
+            self.waiting, self.chunked_req, len(self.running_batch.reqs), self.has_inflight))
         self.running_batch.filter_finished()
         if prefill is not None:
             if self.config.enable_mixed_chunk and not self.running_batch.is_empty():
@@ -192,26 +189,47 @@ class Scheduler:
             return prefill
         if self.running_batch.is_empty():
             return None
-        self._requeue(make_room_for_decode(self, self.running_batch))
+        self._make_room_for_decode(self.running_batch)
         if self.running_batch.is_empty():
             return None
-        if self.spec_kv is not None:
-            prepare_spec_decode(self, self.running_batch)
-        else:
-            prepare_decode(self, self.running_batch)
+        self.decode.prepare(self.running_batch, self.next_input_token)
         return self.running_batch
+
+    def _apply(self, decision: PrefillDecision) -> ScheduleBatch | None:
+        """Carry out the prefill adder's decision on the queue and the chunked request."""
+        if decision.admitted:
+            taken = set(map(id, decision.admitted))
+            self.waiting = deque(r for r in self.waiting if id(r) not in taken)
+        self.chunked_req = decision.chunked_req
+        if decision.requeued is not None:
+            self._requeue([decision.requeued])
+        self.stats["prefill_tokens"] += decision.prefill_tokens
+        return decision.batch
 
     def _mix_decodes_into(self, prefill: ScheduleBatch) -> None:
         decode = self.running_batch
-        self._requeue(make_room_for_decode(self, decode))
-        append_decode(self, prefill, decode.reqs)
+        self._make_room_for_decode(decode)
+        self.decode.append(prefill, decode.reqs, self.next_input_token)
         prefill.reqs.extend(decode.reqs)
         prefill.num_decode_reqs = len(decode.reqs)
         prefill.refresh_rows()
         # The decode requests moved into the mixed batch; nothing is counted twice.
         self.running_batch = ScheduleBatch.empty()
 
+    def _make_room_for_decode(self, batch: ScheduleBatch) -> None:
+        """Every request of `batch` gets its next slots: the cache is evicted first; when that
+        is not enough, the forward in flight is resolved (requests that finished in it give
+        their memory back only then); then the decode manager retracts victims."""
+        if not self.kv.can_decode(batch.reqs) and self.resolve_inflight():
+            batch.filter_finished()
+        retracted, failed = self.decode.retract_until_room(batch)
+        self._requeue(retracted)
+        if failed is not None:
+            self.finish_req(failed, "error", time.perf_counter())
+
     def _requeue(self, retracted: list[Req]) -> None:
+        """Retracted requests go back to the front of the queue, in order."""
+        self.stats["retracted_reqs"] += len(retracted)
         for req in reversed(retracted):
             self.waiting.appendleft(req)
 
@@ -232,18 +250,13 @@ class Scheduler:
 
     # --- results --------------------------------------------------------------------------
     def finish_req(self, req: Req, reason: str, now: float) -> None:
+        """The one place a request ends (finished, aborted, failed): no further chunk or
+        decode is scheduled for it, and the KV manager settles and releases its KV."""
         req.finished_reason = reason
         req.finished_s = now
-        if self.spec_kv is not None:
-            self.spec_kv.settle_finished(req)
-        # A forward in flight may have claimed the slot of a token that never came (an
-        # error, an abort): only KV of real tokens is committed, the rest is over-allocation.
-        req.kv_committed_len = min(req.kv_committed_len, req.seq_len)
-        release_when_done(self, req)
-
-    @property
-    def config_context_len(self) -> int:
-        return int(self.runner.context_len)
+        if req is self.chunked_req:
+            self.chunked_req = None  # no further chunk may run for it
+        self.kv.finish(req)
 
     # --- loops ----------------------------------------------------------------------------
     def _launch(self, batch: ScheduleBatch) -> tuple[PreparedStep, Future[StepOutput] | StepOutput]:
@@ -263,7 +276,9 @@ class Scheduler:
             out = out.result()
             self.step_time_s["wait"] += time.perf_counter() - t0
         t1 = time.perf_counter()
-        process_result(self, step, out)
+        now = time.perf_counter()
+        for req, reason in process_result(self.kv, self.stop_rules, step, out):
+            self.finish_req(req, reason, now)
         self.step_time_s["post_process"] += time.perf_counter() - t1
 
     def step(self) -> bool:
@@ -304,28 +319,20 @@ class Scheduler:
         self._steps_without_progress += 1
         if self._steps_without_progress < 2:
             return
-        allocator, cache = self.kv.allocator, self.kv.cache
-        held = sum(pool.session_held() for pool in self.kv.pools)
-        if held:
+        why = self.kv.idle_sessions_in_the_way()
+        if why is not None:
             # Idle streaming sessions keep their KV: the request cannot run until some close.
             # It fails alone; the engine keeps serving.
             req = self.waiting.popleft()
             self.kv.forget_waiting(req)
-            req.error = (
-                f"request needs KV slots that idle streaming sessions hold ({held} slots in "
-                f"session slots, {allocator.available_size()} of {allocator.total_slots} "
-                "free): close sessions or raise kv_pool_tokens"
-            )
+            req.error = why
             self.finish_req(req, "error", time.perf_counter())
             self._steps_without_progress = 0
             return
         raise SchedulerStuckError(
             f"the scheduler cannot make progress: {len(self.waiting)} request(s) wait and none "
-            f"runs, but the first ({self.waiting[0]}) cannot be admitted: "
-            f"{allocator.available_size()} of {allocator.total_slots} KV slots free, "
-            f"{cache.evictable_size()} evictable, {cache.protected_size()} locked by the cache, "
-            f"{self.kv.rows.available_rows()} of {self.kv.rows.num_rows} rows free; slots "
-            "locked while no request runs mean a cache lock was never released"
+            f"runs, but the first ({self.waiting[0]}) cannot be admitted: {self.kv.capacity()}; "
+            "slots locked while no request runs mean a cache lock was never released"
         )
 
     def run_until_idle(self, on_step: Any = None) -> None:

@@ -20,7 +20,7 @@ def check_stop(
         return "stop"
     if token in sp.stop_token_ids:
         return "stop"
-    if sp.stop:
+    if sp.stop and len(req.output_ids) >= sp.min_tokens:  # none before min_tokens (vLLM)
         # Decode only a tail long enough to contain any stop string.
         longest = max(len(s) for s in sp.stop)
         tail_text = decode_text(req.output_ids[-(longest + 8) :])

@@ -1,10 +1,11 @@
 """`create_app(engine, settings)`: the FastAPI application of `plugserve serve`.
 
 Routes: GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST
-/v1/chat/completions, POST /v1/sessions, DELETE /v1/sessions/{id}, GET /health, GET /metrics. The lifespan starts the engine thread and,
-at shutdown, stops it: uvicorn gives running requests `settings.shutdown_timeout_s` to finish
-(`timeout_graceful_shutdown`), then the lifespan aborts the rest, the engine goes idle with
-its memory whole and the thread exits.
+/v1/chat/completions, POST /v1/sessions, DELETE /v1/sessions/{id}, POST /tokenize, POST
+/detokenize, GET /tokenizer_info, GET /health, GET /metrics. The lifespan starts the engine
+thread and, at shutdown, stops it. A shutdown first drains (`plugserve.server.shutdown`):
+running requests get `settings.shutdown_timeout_s`, the rest are aborted with a last chunk or
+a 503, then uvicorn exits and the engine goes idle with its memory whole.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from plugserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from plugserve.server.sampling import chat_generation, completion_generation
 from plugserve.server.sessions import add_session_routes
 from plugserve.server.settings import ServerSettings, served_model_id
+from plugserve.server.shutdown import GracefulShutdown
+from plugserve.server.tokenize import add_tokenizer_routes
 
 
 def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
@@ -40,10 +43,12 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     metrics = ServerMetrics(model_id)
     loop = EngineLoop(engine, max_waiting=settings.max_waiting, metrics=metrics)
     state = ServerState(loop, settings, model_id, aliases=(model_path,) if model_path else ())
+    shutdown = GracefulShutdown(state, settings.shutdown_timeout_s)
     created = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        shutdown.loop = asyncio.get_running_loop()
         loop.start()
         metrics.set_engine_up(True)
         log.info("serving %s (context %d tokens)", model_id, loop.context_len)
@@ -62,6 +67,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     app.state.server = state
     app.state.engine_loop = loop
     app.state.metrics = metrics
+    app.state.shutdown = shutdown
     install_error_handlers(app, metrics.http_error)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, on_error=metrics.http_error)
     app.add_middleware(ApiKeyGuard, api_key=settings.api_key, on_error=metrics.http_error)
@@ -84,9 +90,11 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
         state.check_model(body.model)
-        gen = completion_generation(body, state.tokenizer)
+        gen = completion_generation(body, state.tokenizer, settings.max_logprobs)
         docs = Documents("completion", model_id, state.tokenizer.decode,
-                         logprobs=body.logprobs is not None, token_ids=body.return_token_ids)
+                         logprobs=body.logprobs is not None, token_ids=body.return_token_ids,
+                         echo=body.echo, prompt_logprobs=body.prompt_logprobs is not None,
+                         skip_special_tokens=body.skip_special_tokens)
         return await state.respond(request, gen, docs, stream=body.stream,
                                    include_usage=body.include_usage, stop=body.stop_strings,
                                    arrival_s=arrival)
@@ -95,19 +103,23 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
         state.check_model(body.model)
-        gen = chat_generation(body, state.tokenizer, loop.context_len)
+        gen = chat_generation(body, state.tokenizer, loop.context_len, settings.max_logprobs)
         docs = Documents("chat", model_id, state.tokenizer.decode, logprobs=body.logprobs,
-                         token_ids=body.return_token_ids)
+                         token_ids=body.return_token_ids,
+                         prompt_logprobs=body.prompt_logprobs is not None,
+                         skip_special_tokens=body.skip_special_tokens)
         return await state.respond(request, gen, docs, stream=body.stream,
                                    include_usage=body.include_usage, stop=body.stop_strings,
                                    arrival_s=arrival)
 
-    add_session_routes(app, loop)
+    add_session_routes(app, loop, settings, state.session_owners)
+    add_tokenizer_routes(app, state)
 
     @app.get("/health")
     async def health() -> JSONResponse:
         document = {
-            "status": "ok" if loop.alive else "unavailable",
+            "status": "shutting_down" if state.draining else "ok" if loop.alive
+            else "unavailable",
             "model": model_id,
             "running": loop.running(),
             "waiting": loop.waiting(),
@@ -116,13 +128,15 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
             "memory_problem": loop.idle_memory_problem,
             "engine_error": None if loop.failure is None else type(loop.failure).__name__,
         }
-        return JSONResponse(document, status_code=200 if loop.alive else 503)
+        up = loop.alive and not state.draining
+        return JSONResponse(document, status_code=200 if up else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         metrics.set_engine_up(loop.alive)
         metrics.running.set(loop.running())
         metrics.waiting.set(loop.waiting())
+        metrics.loop_times(dict(loop.time_s))
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return app

@@ -7,8 +7,9 @@ For tests, the chaos soak and benchmarks that want a live server in their own pr
         server.engine_loop.call(assert_memory_whole)   # on the engine thread
 
 The port is picked by the OS (bound before uvicorn starts, so two servers never race for
-one). Leaving the block stops uvicorn like SIGINT does (graceful, then the lifespan stops
-the engine thread); the engine itself is left to its owner to close.
+one). Leaving the block stops the server like SIGTERM does (`plugserve.server.shutdown`: the
+grace period, aborts, then the lifespan stops the engine thread); the engine itself is left
+to its owner to close.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class BackgroundServer:
         config = uvicorn.Config(self.app, log_level=log_level, lifespan="on",
                                 timeout_graceful_shutdown=int(self.settings.shutdown_timeout_s))
         self.server = uvicorn.Server(config)
+        self.app.state.shutdown.request_exit = self._exit
         self._thread = threading.Thread(target=self._run, name="plugserve-http", daemon=True)
         self.error: BaseException | None = None
 
@@ -60,8 +62,13 @@ class BackgroundServer:
             time.sleep(0.02)
         return self
 
-    def stop(self, timeout_s: float = 60.0) -> None:
+    def _exit(self) -> None:
         self.server.should_exit = True
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop like SIGTERM does: drain (the grace period, then aborts), then exit."""
+        if self._thread.is_alive():
+            self.app.state.shutdown.begin_threadsafe()
         self._thread.join(timeout_s)
         self._socket.close()
         if self._thread.is_alive():

@@ -13,6 +13,7 @@ under a lock so the HTTP side can refuse work with a 503 before it queues any.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import queue
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from plugserve.outputs import prompt_logprobs_of
 from plugserve.sampling import SamplingParams
 from plugserve.server.jobs import Event, Job, RequestHandle
 
@@ -59,6 +61,11 @@ class EngineLoop:
         self._aborted_for_stop = False
         self._gauges_s = 0.0
         self.failure: BaseException | None = None
+        # Where the engine thread's time goes: wall seconds in engine steps and in handing
+        # tokens to the HTTP side, and the thread's CPU seconds (the rest of the process's CPU
+        # is the HTTP side: parsing, tokenizing, detokenizing, SSE).
+        self.time_s: dict[str, float] = {"engine_step": 0.0, "publish": 0.0,
+                                         "engine_thread_cpu": 0.0}
         self.idle_memory_problem: str | None = None
         self.idle_checks = 0
 
@@ -110,11 +117,23 @@ class EngineLoop:
             self._wake.set()
 
     def call(self, fn: Callable[[Any], Any], timeout: float = 60.0) -> Any:
-        """Run `fn(engine)` on the engine thread between steps (tests, diagnostics)."""
+        """Run `fn(engine)` on the engine thread between steps and wait for it (tests,
+        diagnostics; never from the event loop: use `call_async` there)."""
+        return self._call_future(fn).result(timeout)
+
+    async def call_async(self, fn: Callable[[Any], Any]) -> Any:
+        """`call` for a handler: awaits the engine thread's future, so the event loop keeps
+        serving (/health among them) while a long step runs."""
+        return await asyncio.wrap_future(self._call_future(fn))
+
+    def _call_future(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future[Any]:
+        if self.failure is not None or (self._thread is not None
+                                        and not self._thread.is_alive()):
+            raise NotServing("the engine loop is not running")
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._commands.put(("call", (fn, future)))
         self._wake.set()
-        return future.result(timeout)
+        return future
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop accepting; let running requests finish for `timeout_s`, abort the rest, wait
@@ -160,8 +179,9 @@ class EngineLoop:
                 item[1].set_exception(NotServing(message))
 
     def _serve(self) -> None:
-        sched = self.engine.scheduler
+        engine = self.engine
         settled = True  # the engine starts idle
+        self._after_idle()  # gauges (the KV terms) before the first request
         while True:
             if self._drain():
                 settled = False
@@ -175,11 +195,15 @@ class EngineLoop:
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
                 continue
-            progressed = sched.step()
-            if not progressed and sched.is_idle():
-                sched.settle_idle()
+            t0 = time.perf_counter()
+            progressed = engine.step()
+            t1 = time.perf_counter()
+            if not progressed and engine.is_idle():
                 settled = True
             self._publish(settled)
+            self.time_s["engine_step"] += t1 - t0
+            self.time_s["publish"] += time.perf_counter() - t1
+            self.time_s["engine_thread_cpu"] = time.thread_time()
             if settled:
                 self._after_idle()
             else:
@@ -247,7 +271,7 @@ class EngineLoop:
     def _publish(self, settled: bool) -> None:
         """Hand every request's new tokens to its queue; a final event once it ended."""
         with self._lock:
-            self._sched_waiting = len(self.engine.scheduler.waiting)
+            self._sched_waiting = self.engine.num_waiting()
         done: list[int] = []
         for rid, handle in self._active.items():
             req = handle.req
@@ -257,30 +281,47 @@ class EngineLoop:
             new = req.output_ids[handle.sent:]
             if not new and not final:
                 continue
-            logprobs = req.output_logprobs[handle.sent:] if req.sampling.logprobs else None
+            event = Event("final" if final else "tokens", list(new), *self._logprobs(handle))
+            if not handle.prompt_sent:  # the prefill is done: the prompt's logprobs are whole
+                handle.prompt_sent = True
+                event.prompt_logprobs, event.prompt_top_logprobs = prompt_logprobs_of(req)
             handle.sent += len(new)
             if final:
-                handle.post(Event("final", list(new), logprobs, req.finished_reason, req.error,
-                                  req.stop_str, len(req.origin_input_ids), req.cached_tokens))
+                event.finish_reason, event.error, event.stop_str = (
+                    req.finished_reason, req.error, req.stop_str)
+                event.prompt_tokens, event.cached_tokens = (
+                    len(req.origin_input_ids), req.cached_tokens)
+                handle.post(event)
                 if self.metrics is not None:
                     self.metrics.request_finished(handle, req)
                 done.append(rid)
             else:
-                handle.post(Event("tokens", list(new), logprobs))
+                handle.post(event)
         for rid in done:
             del self._active[rid]
         with self._lock:
             self._accepted = len(self._active)
 
-    def _after_idle(self) -> None:
-        from plugserve.testing.memory import assert_memory_whole
+    @staticmethod
+    def _logprobs(handle: RequestHandle) -> tuple[list[float] | None,
+                                                  list[list[tuple[int, float]]] | None]:
+        """The logprobs (and top alternatives) of the tokens not sent yet, when asked for."""
+        req, sent = handle.req, handle.sent
+        sp = req.sampling
+        if not sp.logprobs:
+            return None, None
+        values = req.output_logprobs[sent:len(req.output_ids)]
+        if sp.top_logprobs <= 0:
+            return values, None
+        base = len(req.origin_input_ids)
+        return values, [req.top_logprobs_at.get(base + k, [])
+                        for k in range(sent, len(req.output_ids))]
 
-        try:
-            assert_memory_whole(self.engine)
-            self.idle_memory_problem = None
-        except AssertionError as exc:
-            self.idle_memory_problem = str(exc)
-            log.error("memory is not whole at idle: %s", exc)
+    def _after_idle(self) -> None:
+        problems = self.engine.memory_problems()
+        self.idle_memory_problem = "; ".join(problems) if problems else None
+        if problems:
+            log.error("memory is not whole at idle: %s", self.idle_memory_problem)
         self.idle_checks += 1
         self._refresh_gauges(force=True)
 
@@ -289,9 +330,9 @@ class EngineLoop:
         if self.metrics is None or (not force and now - self._gauges_s < GAUGE_EVERY_S):
             return
         self._gauges_s = now
+        stats = self.engine.stats()
         self.metrics.engine_state(
-            running=self.running(), waiting=self.waiting(),
-            terms=self.engine.scheduler.kv_terms(), checkers=self.engine.checkers,
-            memory_whole=self.idle_memory_problem is None,
-            stats=dict(self.engine.scheduler.stats),
+            running=self.running(), waiting=self.waiting(), terms=self.engine.kv_terms(),
+            checker=stats.get("checker", {}), memory_whole=self.idle_memory_problem is None,
+            stats=stats,
         )

@@ -34,7 +34,11 @@ ERROR_TYPES = {
 _ENGINE_PARAMS = {
     "max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
     "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop", "prompt": "prompt",
-    "request": "max_tokens",
+    "request": "max_tokens", "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+    "logit_bias": "logit_bias", "min_tokens": "min_tokens", "top_logprobs": "top_logprobs",
+    "prompt_logprobs": "prompt_logprobs", "stop_token_ids": "stop_token_ids",
+    "unknown": "stop_token_ids",
 }
 
 
@@ -97,13 +101,21 @@ def validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
             where = f" at character {loc[0]}" if loc else ""
             return f"malformed JSON body: {reason}{where}", None
         msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        if kind == "invalid_unicode":
+            field = str((err.get("ctx") or {}).get("field", ""))
+            parts.append(msg)
+            param = param or field.split(".")[0] or None
+            continue
+        if kind == "value_error" and not loc and ": " in msg:  # a check across fields
+            param = param or msg.split(":")[0]
         if kind == "missing":
             msg = "field required"
         elif kind == "extra_forbidden":
             msg = "unknown field; see the OpenAI API reference for the fields of this endpoint"
         if loc and param is None:
             param = loc[0]
-        if kind not in ("missing", "extra_forbidden", "value_error") and "input" in err:
+        if kind not in ("missing", "extra_forbidden", "value_error", "invalid_unicode") \
+                and "input" in err:
             msg += f" (got {_short(err['input'])})"
         parts.append(f"{'.'.join(loc) or 'body'}: {msg}")
     if len(errors) > 4:

@@ -19,8 +19,9 @@ from fastapi.responses import JSONResponse
 from plugserve.server.engine_loop import EngineLoop, NotServing, Overloaded
 from plugserve.server.errors import APIError, engine_rejection
 from plugserve.server.jobs import Event, Job
-from plugserve.server.output import Choice, Documents
-from plugserve.server.sampling import Generation, precheck
+from plugserve.server.output import Choice, Delta, Documents
+from plugserve.server.sampling import Generation, fit_to_context, precheck
+from plugserve.server.sessions import SessionOwners, caller_key
 from plugserve.server.settings import ServerSettings
 
 log = logging.getLogger("plugserve.server")
@@ -36,6 +37,10 @@ class ServerState:
         self.aliases = frozenset((model_id, *aliases))
         self.tokenizer = loop.tokenizer
         self.context_len = loop.context_len
+        self.jobs: set[Job] = set()  # generation requests answering now (shutdown waits on them)
+        self.draining = False  # shutting down: new generation requests get a 503
+        self.session_owners = SessionOwners()
+        self.aborted_for_shutdown = 0
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.aliases:
@@ -44,6 +49,9 @@ class ServerState:
                            param="model", code="model_not_found")
 
     def submit(self, gen: Generation, arrival_s: float) -> Job:
+        if self.draining:
+            raise APIError(503, "the server is shutting down; retry on another instance",
+                           headers={"Connection": "close"})
         if len(gen.prompts) > self.settings.max_waiting:
             raise APIError(400, f"{len(gen.prompts)} prompts in one request; at most "
                                 f"{self.settings.max_waiting} (the waiting-queue limit)",
@@ -60,9 +68,16 @@ class ServerState:
     async def respond(self, request: Request, gen: Generation, docs: Documents, *,
                       stream: bool, include_usage: bool, stop: tuple[str, ...],
                       arrival_s: float) -> Response:
+        if gen.session_id is not None:
+            self.session_owners.check(gen.session_id, caller_key(request))
         precheck(gen, self.loop.vocab_size, self.context_len)
+        gen = fit_to_context(gen, self.context_len)
         job = self.submit(gen, arrival_s)
-        choices = [Choice(i, self.tokenizer.decode, stop) for i in range(len(gen.prompts))]
+        self.jobs.add(job)
+        sp = gen.sampling
+        choices = [Choice(i, docs.render, stop, sp.include_stop_str_in_output,
+                          keep_tokens=not gen.drop_output, prompt_ids=ids)
+                   for i, ids in enumerate(gen.prompts)]
         handed_off = False
         try:
             early = await self._accepted(job, gen)
@@ -70,12 +85,29 @@ class ServerState:
                 handed_off = True
                 from plugserve.server.sse import SSEResponse
 
+                def closed() -> None:
+                    job.abort()
+                    self.jobs.discard(job)
+
                 return SSEResponse(self._chunks(job, choices, docs, include_usage, early),
-                                   on_close=job.abort)
+                                   on_close=closed)
             return await self._complete(request, job, choices, docs, early)
         finally:
             if not handed_off:
                 job.abort()
+                self.jobs.discard(job)
+
+    def abort_for_shutdown(self) -> int:
+        """The grace period is over: end every generation still running (streams get a last
+        chunk with finish_reason "abort", others a 503). The number of requests aborted."""
+        count = 0
+        for job in list(self.jobs):
+            if not job.done:
+                job.shutting_down = True
+                count += sum(1 for h in job.handles if not h.finished)
+                job.abort()
+        self.aborted_for_shutdown += count
+        return count
 
     async def _accepted(self, job: Job, gen: Generation) -> list[Event]:
         """Wait until each prompt was accepted or refused; the token events met meanwhile."""
@@ -104,7 +136,7 @@ class ServerState:
             return APIError(500, f"generation failed: {error}")
         if reason == "failed":
             return APIError(500, error)
-        return APIError(503, "the server shut down before the request finished")
+        return APIError(503, "the server shut down before the request finished; retry later")
 
     async def _complete(self, request: Request, job: Job, choices: list[Choice],
                         docs: Documents, early: list[Event]) -> Response:
@@ -137,20 +169,28 @@ class ServerState:
                       include_usage: bool, early: list[Event]) -> AsyncIterator[dict[str, Any]]:
         if docs.chat:
             for choice in choices:
-                yield docs.chunk(choice, "", [], [], None, role=True)
+                yield docs.chunk(choice, Delta("", [], [], None), None, role=True)
+        echoed = [not docs.echo] * len(choices)
         while early or not job.done:
             event = early.pop(0) if early else await job.next_event()
             choice = choices[event.index]
-            text, ids, lps = choice.add(event)
+            delta = choice.add(event)
+            if not echoed[event.index] and (event.token_ids or event.kind == "final"):
+                echoed[event.index] = True
+                yield docs.echo_chunk(choice)
             if event.kind == "final":
+                if choice.finish_reason == "abort" and job.shutting_down:
+                    yield docs.chunk(choice, delta, "abort")  # the server stopped it
+                    continue
                 if choice.finish_reason not in SERVED:
                     job.abort()
                     failure = self._failure(event, choice.prompt_tokens, accepted=True)
                     yield failure.document()
                     return
-                yield docs.chunk(choice, text, ids, lps, choice.finish_reason)
-            elif text or (ids and (docs.want_token_ids or docs.want_logprobs)):
-                yield docs.chunk(choice, text, ids, lps, None)
+                yield docs.chunk(choice, delta, choice.finish_reason)
+            elif delta.text or (delta.token_ids and (docs.want_token_ids
+                                                     or docs.want_logprobs)):
+                yield docs.chunk(choice, delta, None)
         if include_usage:
             yield docs.usage_chunk(choices)
 

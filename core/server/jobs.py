@@ -25,6 +25,10 @@ class Event:
     # (the loop stopped, or stopped after an engine error).
     token_ids: list[int]
     logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token, when asked for
+    # On the first event that carries tokens (or the final one): the prompt's logprobs.
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     finish_reason: str | None = None
     error: str | None = None
     stop_str: str | None = None
@@ -47,6 +51,7 @@ class RequestHandle:
         self.finished = False
         self.req: Any = None
         self.sent = 0
+        self.prompt_sent = False
         self.final_posted = False
 
     @property
@@ -73,6 +78,7 @@ class Job:
         self.arrival_s = arrival_s  # time.perf_counter() when the HTTP request arrived
         self.handles: list[RequestHandle] = []
         self.session: tuple[str | None, int | None] = (None, None)  # (session_id, offset)
+        self.shutting_down = False  # aborted because the server stops (not by its client)
 
     async def next_event(self) -> Event:
         event = await self.queue.get()

@@ -68,6 +68,9 @@ class ServerMetrics:
                                   registry=r)
         self.engine_up = Gauge("plugserve_engine_up", "1 while the engine thread serves",
                                registry=r)
+        self.loop_time = Gauge("plugserve_engine_loop_seconds", "The engine thread's time: "
+                               "engine_step and publish (wall), engine_thread_cpu; "
+                               "process_cpu is the whole process's CPU", ["part"], registry=r)
         self.info = Gauge("plugserve_model_info", "The served model", ["model"], registry=r)
         self.info.labels(model=model_id).set(1)
         self.memory_whole.set(1)
@@ -97,7 +100,7 @@ class ServerMetrics:
             self.latency.observe(max(0.0, req.finished_s - handle.arrival_s))
 
     def engine_state(
-        self, *, running: int, waiting: int, terms: Iterable[Any], checkers: list[Any],
+        self, *, running: int, waiting: int, terms: Iterable[Any], checker: dict[str, Any],
         memory_whole: bool, stats: dict[str, Any],
     ) -> None:
         self.running.set(running)
@@ -109,11 +112,17 @@ class ServerMetrics:
                 self.kv_slots.labels(pool=t.pool, term=name).set(getattr(t, name))
             self.kv_balance.labels(pool=t.pool).set(t.balance)
         self.memory_whole.set(1 if memory_whole else 0)
-        for checker in checkers:
-            counters = checker.counters() if hasattr(checker, "counters") else {}
-            self.checker_level.set(counters.get("mem_check_level", 0))
-            self.checker_steps.set(counters.get("steps_checked", 0))
-            self.checker_idle.set(counters.get("idle_checks", 0))
+        self.checker_level.set(checker.get("mem_check_level", 0))
+        self.checker_steps.set(checker.get("steps_checked", 0))
+        self.checker_idle.set(checker.get("idle_checks", 0))
+
+    def loop_times(self, parts: dict[str, float]) -> None:
+        import os
+
+        for name, value in parts.items():
+            self.loop_time.labels(part=name).set(value)
+        cpu = os.times()
+        self.loop_time.labels(part="process_cpu").set(cpu.user + cpu.system)
 
     def set_engine_up(self, up: bool) -> None:
         self.engine_up.set(1 if up else 0)

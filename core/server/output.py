@@ -4,7 +4,9 @@ Text is decoded from all of a choice's tokens each time (so multi-byte character
 across tokens come out whole); what was sent is never taken back. While a choice runs, a
 trailing replacement character (an incomplete UTF-8 sequence) and, with stop strings, the
 last `len(longest stop) - 1` characters are held back; the final text is cut at the stop
-string exactly as `Engine.generate` cuts it, so a stream's pieces add up to the same text.
+string exactly as `Engine.generate` cuts it (kept with `include_stop_str_in_output`), so a
+stream's pieces add up to the same text. With `echo` the prompt's text (and logprobs) comes
+first: the whole text of a response, the first chunk of a stream.
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from plugserve.outputs import cut_at_stop
 from plugserve.server.jobs import Event
+from plugserve.server.logprob_docs import (
+    TokenText,
+    Top,
+    chat_logprobs,
+    completion_logprobs,
+    vllm_prompt_logprobs,
+)
 
 
 def new_id(prefix: str) -> str:
@@ -23,36 +33,58 @@ def new_id(prefix: str) -> str:
 
 
 @dataclass
+class Delta:
+    """What one event made sendable for one choice."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[Top] | None
+
+
+@dataclass
 class Choice:
     """One prompt's output as it arrives."""
 
     index: int
-    decode: Callable[..., str]
+    render: Callable[[list[int]], str]  # token ids -> text (the request's special-token rule)
     stop: tuple[str, ...] = ()
+    include_stop: bool = False
+    keep_tokens: bool = True  # False: max_tokens 0 (the one sampled token is not returned)
+    prompt_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[Top] = field(default_factory=list)
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[Top | None] | None = None
     sent_text: str = ""
+    echoed: str | None = None  # the prompt's text, once rendered for echo
     prompt_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
 
-    def add(self, event: Event) -> tuple[str, list[int], list[float]]:
+    def add(self, event: Event) -> Delta:
         """Take one event; the new text, token ids and logprobs it makes sendable."""
         if event.kind == "accepted":
             self.prompt_tokens = event.prompt_tokens
-        new_ids = list(event.token_ids)
+        if event.prompt_logprobs is not None:
+            self.prompt_logprobs = event.prompt_logprobs
+            self.prompt_top_logprobs = event.prompt_top_logprobs
+        new_ids = list(event.token_ids) if self.keep_tokens else []
+        new_lp = list(event.logprobs or []) if self.keep_tokens else []
+        new_top = list(event.top_logprobs) if event.top_logprobs is not None \
+            and self.keep_tokens else None
         self.token_ids += new_ids
-        new_lp = list(event.logprobs or [])
         self.logprobs += new_lp
-        text = self.decode(self.token_ids) if self.token_ids else ""
+        self.top_logprobs += new_top or []
+        text = self.render(self.token_ids) if self.token_ids else ""
         if event.kind == "final":
             self.finish_reason = event.finish_reason
             self.error = event.error
             self.prompt_tokens = event.prompt_tokens or self.prompt_tokens
             self.cached_tokens = event.cached_tokens
-            if event.stop_str and event.stop_str in text:
-                text = text[: text.index(event.stop_str)]
+            text = cut_at_stop(text, event.stop_str, self.include_stop)
         else:
             text = text.rstrip("\ufffd")
             hold = max((len(s) for s in self.stop), default=1) - 1
@@ -60,16 +92,20 @@ class Choice:
                 text = text[: max(len(self.sent_text), len(text) - hold)]
         delta = text[len(self.sent_text):] if text.startswith(self.sent_text) else ""
         self.sent_text += delta
-        return delta, new_ids, new_lp
+        return Delta(delta, new_ids, new_lp, new_top)
 
     @property
     def text(self) -> str:
         return self.sent_text
 
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
 
 def usage(choices: list[Choice]) -> dict[str, Any]:
     prompt = sum(c.prompt_tokens for c in choices)
-    completion = sum(len(c.token_ids) for c in choices)
+    completion = sum(c.completion_tokens for c in choices)
     out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
                            "total_tokens": prompt + completion}
     cached = sum(c.cached_tokens for c in choices)
@@ -77,85 +113,106 @@ def usage(choices: list[Choice]) -> dict[str, Any]:
     return out
 
 
-def token_strings(decode: Callable[..., str], ids: list[int]) -> list[str]:
-    return [decode([t], skip_special_tokens=False) for t in ids]
-
-
-def completion_logprobs(
-    decode: Callable[..., str], ids: list[int], logprobs: list[float], offset: int
-) -> dict[str, Any]:
-    """The legacy completions `logprobs` object (the sampled token only)."""
-    tokens = token_strings(decode, ids)
-    offsets, at = [], offset
-    for t in tokens:
-        offsets.append(at)
-        at += len(t)
-    return {"tokens": tokens, "token_logprobs": list(logprobs),
-            "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs, strict=True)],
-            "text_offset": offsets}
-
-
-def chat_logprobs(decode: Callable[..., str], ids: list[int], logprobs: list[float]
-                  ) -> dict[str, Any]:
-    return {"content": [
-        {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-        for t, lp in zip(token_strings(decode, ids), logprobs, strict=True)
-    ]}
-
-
 class Documents:
     """Builds one HTTP request's response documents (full or streamed chunks)."""
 
     def __init__(self, kind: str, model: str, decode: Callable[..., str], *, logprobs: bool,
-                 token_ids: bool) -> None:
+                 token_ids: bool, echo: bool = False, prompt_logprobs: bool = False,
+                 skip_special_tokens: bool = True) -> None:
         self.chat = kind == "chat"
         self.id = new_id("chatcmpl" if self.chat else "cmpl")
         self.created = int(time.time())
         self.model = model
         self.decode = decode
+        self.text_of = TokenText(decode)
         self.want_logprobs = logprobs
         self.want_token_ids = token_ids
+        self.echo = echo
+        self.want_prompt_logprobs = prompt_logprobs
+        self.skip_special = skip_special_tokens
+
+    def render(self, ids: list[int]) -> str:
+        if self.skip_special:
+            return str(self.decode(ids))
+        return str(self.decode(ids, skip_special_tokens=False))
 
     def _head(self, chunk: bool) -> dict[str, Any]:
         obj = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat \
             else "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def _logprobs(self, ids: list[int], lps: list[float], offset: int) -> Any:
+    def _logprobs(self, ids: list[int], lps: list[float], tops: list[Top] | None,
+                  offset: int, prompt: Choice | None = None) -> Any:
         if not self.want_logprobs:
             return None
         if self.chat:
-            return chat_logprobs(self.decode, ids, lps)
-        return completion_logprobs(self.decode, ids, lps, offset)
+            return chat_logprobs(self.text_of, ids, lps, tops)
+        if prompt is None:
+            return completion_logprobs(self.text_of, ids, lps, tops, offset)
+        values = prompt.prompt_logprobs or [None] * len(prompt.prompt_ids)
+        prompt_tops = prompt.prompt_top_logprobs or [None] * len(prompt.prompt_ids)
+        all_tops: list[Top | None] = [*prompt_tops, *(tops or [None] * len(ids))]
+        return completion_logprobs(self.text_of, [*prompt.prompt_ids, *ids],
+                                   [*values, *lps], all_tops, offset)
+
+    def _prompt_logprobs_doc(self, choice: Choice) -> Any:
+        if not self.want_prompt_logprobs or choice.prompt_logprobs is None:
+            return None
+        return vllm_prompt_logprobs(self.text_of, choice.prompt_ids, choice.prompt_logprobs,
+                                    choice.prompt_top_logprobs or [])
+
+    def echo_text(self, choice: Choice) -> str:
+        if not self.echo:
+            return ""
+        if choice.echoed is None:
+            choice.echoed = self.render(choice.prompt_ids)
+        return choice.echoed
 
     def full(self, choices: list[Choice]) -> dict[str, Any]:
         out = []
         for c in choices:
+            echo = c if self.echo else None
             item: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason,
-                                    "logprobs": self._logprobs(c.token_ids, c.logprobs, 0)}
+                                    "logprobs": self._logprobs(c.token_ids, c.logprobs,
+                                                               c.top_logprobs or None, 0, echo)}
             if self.chat:
                 item["message"] = {"role": "assistant", "content": c.text}
             else:
-                item["text"] = c.text
+                item["text"] = self.echo_text(c) + c.text
+                if self.want_prompt_logprobs:
+                    item["prompt_logprobs"] = self._prompt_logprobs_doc(c)
             if self.want_token_ids:
                 item["token_ids"] = list(c.token_ids)
             out.append(item)
-        return {**self._head(False), "choices": out, "usage": usage(choices)}
+        document = {**self._head(False), "choices": out, "usage": usage(choices)}
+        if self.chat and self.want_prompt_logprobs:
+            document["prompt_logprobs"] = self._prompt_logprobs_doc(choices[0])
+        return document
 
-    def chunk(self, choice: Choice, text: str, ids: list[int], lps: list[float],
-              finish_reason: str | None, *, role: bool = False) -> dict[str, Any]:
+    def echo_chunk(self, choice: Choice) -> dict[str, Any]:
+        """The first chunk of an echoing stream: the prompt's text and logprobs."""
+        text = self.echo_text(choice)
+        item: dict[str, Any] = {"index": choice.index, "text": text, "finish_reason": None,
+                                "logprobs": self._logprobs([], [], None, 0, choice)}
+        if self.want_prompt_logprobs:
+            item["prompt_logprobs"] = self._prompt_logprobs_doc(choice)
+        return {**self._head(True), "choices": [item], "usage": None}
+
+    def chunk(self, choice: Choice, delta: Delta, finish_reason: str | None, *,
+              role: bool = False) -> dict[str, Any]:
+        offset = len(self.echo_text(choice)) + len(choice.sent_text) - len(delta.text)
         item: dict[str, Any] = {"index": choice.index, "finish_reason": finish_reason,
-                                "logprobs": self._logprobs(
-                                    ids, lps, len(choice.sent_text) - len(text))}
+                                "logprobs": self._logprobs(delta.token_ids, delta.logprobs,
+                                                           delta.top_logprobs, offset)}
         if self.chat:
-            delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text or role:
-                delta["content"] = text
-            item["delta"] = delta
+            fields: dict[str, Any] = {"role": "assistant"} if role else {}
+            if delta.text or role:
+                fields["content"] = delta.text
+            item["delta"] = fields
         else:
-            item["text"] = text
+            item["text"] = delta.text
         if self.want_token_ids:
-            item["token_ids"] = list(ids)
+            item["token_ids"] = list(delta.token_ids)
         return {**self._head(True), "choices": [item], "usage": None}
 
     def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 Prompt = str | list[int]
 
@@ -25,9 +26,44 @@ Prompt = str | list[int]
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        """JSON may carry lone surrogates ("\\udcff"): no tokenizer can take them. Refused here,
+        naming the field, before any field is read."""
+        where = lone_surrogate_at(data, ())
+        if where is not None:
+            path, value = where
+            raise PydanticCustomError(
+                "invalid_unicode", "{field}: text is not valid Unicode (a lone surrogate at "
+                "character {at}); send UTF-8 text",
+                {"field": path or "body", "at": next(i for i, c in enumerate(value)
+                                                     if 0xD800 <= ord(c) <= 0xDFFF)})
+        return data
+
 
 class StreamOptions(Body):
     include_usage: bool = False
+
+
+def lone_surrogate_at(value: Any, path: tuple[str, ...]) -> tuple[str, str] | None:
+    """The dotted path and text of the first string (or key) holding a lone surrogate."""
+    if isinstance(value, str):
+        if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+            return ".".join(path), value
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = lone_surrogate_at(key, (*path, "<key>")) or lone_surrogate_at(
+                item, (*path, str(key)))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = lone_surrogate_at(item, (*path, str(i)))
+            if found is not None:
+                return found
+    return None
 
 
 class GenerationFields(Body):
@@ -42,9 +78,18 @@ class GenerationFields(Body):
     stream_options: StreamOptions | None = None
     n: int = 1
     user: str | None = None  # accepted, unused
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> added logit
     # Extensions (vLLM names).
     top_k: int = -1
     min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = None
     ignore_eos: bool = False
     return_token_ids: bool = Field(
         default=False, description="add the generated token ids to each choice / chunk"
@@ -84,8 +129,8 @@ class CompletionRequest(GenerationFields):
     prompt: Any = Field(
         description="a string, a list of strings, a list of token ids or a list of token-id lists"
     )
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    max_tokens: int | None = None  # None: 16 (OpenAI's default), or what the context leaves
+    logprobs: int | None = None  # N: each token's logprob and the N most likely (0..20)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -98,24 +143,17 @@ class CompletionRequest(GenerationFields):
     @field_validator("max_tokens")
     @classmethod
     def _max_tokens(cls, value: int | None) -> int | None:
-        return _positive_tokens(value, "max_tokens")
-
-    @field_validator("logprobs")
-    @classmethod
-    def _logprobs(cls, value: int | None) -> int | None:
-        if value is not None and value != 0:
-            raise ValueError(
-                f"logprobs must be 0 or null, got {value}: the engine returns the sampled "
-                "token's logprob only (logprobs=0), not the top alternatives"
-            )
+        if value is not None and value < 0:
+            raise ValueError(f"max_tokens must be at least 0 (0 only with echo), got {value}")
         return value
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("echo is not supported; leave it out or false")
-        return value
+    @model_validator(mode="after")
+    def _zero_tokens_only_with_echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise PydanticCustomError(
+                "value_error", "max_tokens: 0 needs echo=true (the prompt and its logprobs "
+                "back, nothing generated); otherwise ask for at least 1", {})
+        return self
 
     @field_validator("best_of")
     @classmethod
@@ -162,7 +200,7 @@ class ChatCompletionRequest(GenerationFields):
     max_tokens: int | None = None  # None: up to the context
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins when both are given
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = None  # with logprobs: the N most likely tokens too (0..20)
     add_generation_prompt: bool = True
 
     @field_validator("messages")
@@ -177,15 +215,13 @@ class ChatCompletionRequest(GenerationFields):
     def _max_tokens(cls, value: int | None, info: Any) -> int | None:
         return _positive_tokens(value, info.field_name)
 
-    @field_validator("top_logprobs")
-    @classmethod
-    def _top_logprobs(cls, value: int | None) -> int | None:
-        if value not in (None, 0):
-            raise ValueError(
-                f"top_logprobs must be 0 or null, got {value}: the engine returns the sampled "
-                "token's logprob only"
-            )
-        return value
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise PydanticCustomError(
+                "value_error", "top_logprobs: needs logprobs=true (got top_logprobs={n})",
+                {"n": self.top_logprobs})
+        return self
 
     @property
     def token_limit(self) -> int | None:

@@ -3,17 +3,26 @@
 Prompts are tokenized here, on the HTTP side, with the engine's tokenizer (read-only and
 thread-safe: the engine thread never changes it), exactly as `Engine.submit` would: text with
 `tokenizer.encode`, chat messages with `tokenizer.apply_chat_template`. The engine then gets
-token ids, so the server knows each prompt's length (413 when it is over the context).
+token ids, so the server knows each prompt's length (413 when it is over the context, 400
+when `max_tokens` cannot fit beside it).
+
+Logprobs: completions' `logprobs: N` is each generated token's logprob plus the N most likely
+(`top_logprobs` in the engine); `echo` returns the prompt with its tokens' logprobs (the
+engine's `prompt_logprobs`, N alternatives too); `max_tokens: 0` with echo generates nothing
+(the engine samples one token, which is dropped). Chat: `logprobs` + `top_logprobs: N`. N is
+at most `--max-logprobs` (20, vLLM's default).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from plugserve.sampling import SamplingParams
 from plugserve.server.errors import APIError, engine_rejection
 from plugserve.server.protocol import ChatCompletionRequest, CompletionRequest, GenerationFields
+
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 
 
 @dataclass(frozen=True)
@@ -24,9 +33,32 @@ class Generation:
     sampling: SamplingParams
     session_id: str | None = None  # one turn of this streaming session
     session_offset: int | None = None
+    max_tokens_given: bool = True  # False: a default the server may lower to fit the context
+    echo: bool = False  # the prompt (and its logprobs) goes back before the output
+    drop_output: bool = False  # max_tokens 0: the one sampled token is not returned
 
 
-def _sampling(body: GenerationFields, max_new_tokens: int, logprobs: bool) -> SamplingParams:
+def _checked_count(value: int | None, name: str, limit: int) -> int | None:
+    if value is not None and not 0 <= value <= limit:
+        raise APIError(400, f"{name} must be in [0, {limit}] (--max-logprobs), got {value}",
+                       param=name)
+    return value
+
+
+def _logit_bias(body: GenerationFields) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for key, value in (body.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise APIError(400, f"logit_bias keys must be token ids (integers as strings), "
+                                f"got {key!r}", param="logit_bias") from None
+        out[token] = value
+    return out
+
+
+def _sampling(body: GenerationFields, max_new_tokens: int, *, logprobs: bool, top: int,
+              prompt_logprobs: int | None) -> SamplingParams:
     return SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=body.temperature,
@@ -35,21 +67,42 @@ def _sampling(body: GenerationFields, max_new_tokens: int, logprobs: bool) -> Sa
         min_p=body.min_p,
         seed=body.seed,
         stop=body.stop_strings,
+        stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
+        top_logprobs=top,
+        prompt_logprobs=prompt_logprobs,
+        repetition_penalty=body.repetition_penalty,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=_logit_bias(body),
+        min_tokens=body.min_tokens,
+        skip_special_tokens=body.skip_special_tokens,
+        include_stop_str_in_output=body.include_stop_str_in_output,
     )
 
 
-def completion_generation(body: CompletionRequest, tokenizer: Any) -> Generation:
+def completion_generation(body: CompletionRequest, tokenizer: Any, max_logprobs: int
+                          ) -> Generation:
     prompts = [
         list(tokenizer.encode(p)) if isinstance(p, str) else list(p) for p in body.prompts
     ]
-    max_new = body.max_tokens if body.max_tokens is not None else 16
-    return _with_session(body, Generation(prompts, _sampling(body, max_new,
-                                                             body.logprobs is not None)))
+    top = _checked_count(body.logprobs, "logprobs", max_logprobs)
+    prompt_top = _checked_count(body.prompt_logprobs, "prompt_logprobs", max_logprobs)
+    if body.echo and top is not None and prompt_top is None:
+        prompt_top = top  # echo returns the prompt's logprobs like the output's
+    given = body.max_tokens is not None
+    max_new = body.max_tokens if given else DEFAULT_COMPLETION_TOKENS
+    drop = max_new == 0
+    sampling = _sampling(body, max(1, max_new or 0), logprobs=top is not None, top=top or 0,
+                         prompt_logprobs=prompt_top)
+    gen = Generation(prompts, sampling, max_tokens_given=given, echo=body.echo,
+                     drop_output=drop)
+    return _with_session(body, gen)
 
 
-def chat_generation(body: ChatCompletionRequest, tokenizer: Any, context_len: int) -> Generation:
+def chat_generation(body: ChatCompletionRequest, tokenizer: Any, context_len: int,
+                    max_logprobs: int) -> Generation:
     from plugserve.model.chat_template import ChatTemplateError
 
     messages = [m.template_dict() for m in body.messages]
@@ -59,11 +112,15 @@ def chat_generation(body: ChatCompletionRequest, tokenizer: Any, context_len: in
         ))
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), param="messages") from None
+    top = _checked_count(body.top_logprobs, "top_logprobs", max_logprobs) or 0
+    prompt_top = _checked_count(body.prompt_logprobs, "prompt_logprobs", max_logprobs)
     limit = body.token_limit
     # Without a limit, generate up to the context (the engine refuses a prompt that leaves
     # no room, with its own message).
     max_new = limit if limit is not None else max(1, context_len - len(ids))
-    return _with_session(body, Generation([ids], _sampling(body, max_new, body.logprobs)))
+    sampling = _sampling(body, max_new, logprobs=body.logprobs, top=top,
+                         prompt_logprobs=prompt_top)
+    return _with_session(body, Generation([ids], sampling, max_tokens_given=limit is not None))
 
 
 def _with_session(body: GenerationFields, gen: Generation) -> Generation:
@@ -74,7 +131,26 @@ def _with_session(body: GenerationFields, gen: Generation) -> Generation:
     if len(gen.prompts) != 1:
         raise APIError(400, f"a session turn takes one prompt, got {len(gen.prompts)}",
                        param="prompt")
-    return Generation(gen.prompts, gen.sampling, body.session_id, body.session_offset)
+    if gen.sampling.prompt_logprobs is not None:
+        raise APIError(400, "prompt logprobs (echo with logprobs, prompt_logprobs) are not "
+                            "available in a session turn: the session holds the earlier "
+                            "positions' KV, not their logits", param="session_id")
+    return replace(gen, session_id=body.session_id, session_offset=body.session_offset)
+
+
+def fit_to_context(gen: Generation, context_len: int) -> Generation:
+    """`max_tokens` the client gave must fit beside the longest prompt (400 naming both); a
+    default is lowered to what the context leaves."""
+    longest = max(len(ids) for ids in gen.prompts)
+    room = context_len - longest
+    want = gen.sampling.max_new_tokens
+    if longest + want <= context_len or room < 1 or gen.drop_output:
+        return gen
+    if gen.max_tokens_given:
+        raise APIError(400, f"max_tokens is {want} but the prompt has {longest} tokens and the "
+                            f"context holds {context_len}: at most {room} can be generated",
+                       param="max_tokens")
+    return replace(gen, sampling=replace(gen.sampling, max_new_tokens=room))
 
 
 def precheck(gen: Generation, vocab_size: int, context_len: int) -> None:

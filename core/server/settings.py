@@ -34,6 +34,10 @@ class ServerSettings(BaseSettings):
         default=10.0, ge=0, description="on SIGINT/SIGTERM, how long running requests may finish"
     )
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 503")
+    max_logprobs: int = Field(
+        default=20, ge=0, description="most alternatives a request may ask per token (vLLM's "
+        "--max-logprobs)"
+    )
 
 
 def served_model_id(model: str | None, override: str | None = None) -> str:

@@ -1,10 +1,13 @@
-"""The speculative algorithm protocol.
+"""The speculative algorithm protocol (docs/spec_algorithms.md).
 
 A spec plugin registers a `SpecAlgorithm` subclass; the engine builds it once with a
 `SpecContext`. The algorithm states its KV *footprint* (`SpecFootprint`: how many slots one
 round may touch, how many the scheduler keeps reserved, how much wider the request rows must
 be); the core keeps all KV *accounting* from it (when slots are claimed and released, see
-`plugserve.mem.spec_accounting`); the algorithm does the model work on the forward thread:
+`plugserve.mem.spec_accounting`); the algorithm never allocates or frees a slot, and writes
+KV only at row positions `[L, L + alloc_len_per_decode)` of its requests' rows (L = the
+request's verified length), all of which the core allocated before the round. It does the
+model work on the forward thread:
 
 - `after_extend`: after every target prefill chunk, so the draft catches up on the new
   tokens (and, for a request's last chunk, seeds its first draft from the sampled token);
@@ -15,13 +18,20 @@ be); the core keeps all KV *accounting* from it (when slots are claimed and rele
 Under the overlap loop `decode` for round N+1 runs before the scheduler has seen round N's
 result, so an algorithm keeps its per-request progress (verified length, last token, draft
 seed) itself, on `req.spec_state`, touched only from the forward thread. The slots a round
-writes are read from `req_to_token` at positions the scheduler allocated in advance.
+writes are read from `req_to_token` at positions the scheduler allocated in advance. The
+core's side of that: the round's first slot (the last verified token's KV, written by every
+round) is pre-claimed when the round is prepared, and resolving the round adds the rest of
+what it emitted.
+
+`plugserve conformance --spec NAME` proves an algorithm keeps this contract (lossless greedy
+output, the conservation law, a probe of every round's writes against its footprint).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -70,9 +80,23 @@ class SpecAlgorithm(ABC):
     @classmethod
     @abstractmethod
     def plan_footprint(cls, config: EngineConfig) -> SpecFootprint:
-        """The footprint for `config`. A classmethod because the engine sizes the request rows
-        from it before the algorithm (which reads those rows) is built; the instance keeps the
-        same answer as `self.footprint`, which the scheduler reads."""
+        """The footprint for `config` (page size, topk, steps, overlap loop, ...). A
+        classmethod because the engine sizes the request rows from it before the algorithm
+        (which reads those rows) is built; the instance keeps the same answer as
+        `self.footprint`, which the scheduler reads. What each field promises:
+        `plugserve.structs.spec_footprint.SpecFootprint`."""
+
+    @classmethod
+    def build_test_draft(cls, target_dir: Path, out_dir: Path) -> Path | None:
+        """A draft model for the tiny target model in `target_dir` (a folder written by
+        `plugserve.testing.tiny_models`: 2 layers, 64 hidden, a 261-token byte vocabulary),
+        written into `out_dir`; the conformance suite passes it as `draft_model`. Called in a
+        child process, once per target per test session; a few seconds is fine (train a small
+        head on the target's own greedy output, say), and a draft that accepts some tokens
+        makes the suite's lossless check meaningful. None (the default): the algorithm needs
+        no draft model. An algorithm registered with `needs_draft_model=True` must override
+        it."""
+        return None
 
     @property
     def kv_pools(self) -> list[KVPool]:

@@ -64,6 +64,13 @@ class Req:
 
         # Results and stats.
         self.output_logprobs: list[float] = []
+        # Logprobs past the sampled token's, written by the model runner by position (a chunk
+        # or decode computed again after a retract writes the same entries again): each prompt
+        # position's logprob and top alternatives (sampling.prompt_logprobs; position 0 has
+        # none), and the top alternatives of the token sampled at each output position.
+        self.prompt_logprobs: list[float | None] | None = None
+        self.prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+        self.top_logprobs_at: dict[int, list[tuple[int, float]]] = {}
         self.created_s = time.perf_counter()
         self.first_token_s: float | None = None
         self.token_times_s: list[float] = []

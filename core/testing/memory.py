@@ -1,4 +1,4 @@
-"""Plain memory assertions for tests (the full checker lives in the checker plugin)."""
+"""Memory assertions for tests (the full checker lives in the checker plugin)."""
 
 from __future__ import annotations
 
@@ -6,23 +6,9 @@ from typing import Any
 
 
 def assert_memory_whole(engine: Any) -> None:
-    """After all requests ended: in every pool each KV slot is free, cached or held by a
-    session, nothing is locked but open sessions' prefixes, no page is free twice, and every
-    request row is free (or session-held)."""
-    kv = engine.kv
-    # Open streaming sessions keep their first turn's cached prefix locked between turns.
-    session_locked = kv.sessions.locked_prefix_slots() if kv.sessions is not None else 0
-    for pool in kv.pools:
-        terms = pool.terms([])
-        if pool.name == "full" or session_locked == 0:
-            assert terms.protected == session_locked, (
-                f"idle but {terms.protected} slots of pool {pool.name!r} are still locked by "
-                f"the cache ({session_locked} by open sessions)"
-            )
-        assert terms.balance == 0, f"KV leak at idle: {terms.describe()}"
-        free_pages = pool.allocator.free_pages
-        assert len(free_pages) == len(set(free_pages)), (
-            f"a page of pool {pool.name!r} is in the free list twice"
-        )
-    problem = kv.rows_problem()
-    assert problem is None, f"idle but {problem}"
+    """After all requests ended: `Engine.memory_problems()` finds nothing (every KV slot free,
+    cached or held by a session, nothing locked but open sessions' prefixes, no page free
+    twice, every request row free or session-held). Raises AssertionError naming each."""
+    problems = engine.memory_problems()
+    if problems:
+        raise AssertionError("; ".join(problems))

@@ -3,7 +3,10 @@
 The attention-backend conformance suite (`plugserve.testing.conformance`) reads its backend
 and device from here: `--attention-backend NAME` (default torch_native) and
 `--conformance-device DEVICE` (default: cpu if the backend declares it, else cuda), or from
-a test module's own `attention_backend` / `conformance_device` fixtures, which win.
+a test module's own `attention_backend` / `conformance_device` fixtures, which win. The same
+for the cache-policy suite (`--cache-policy NAME`, default radix; fixture `cache_policy`) and
+the speculative-algorithm suite (`--spec-algorithm NAME`, default eagle, fixture
+`spec_algorithm`; `--spec-backend NAME`, repeatable, the attention backends it runs on).
 """
 
 from __future__ import annotations
@@ -15,13 +18,22 @@ import pytest
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("plugserve", "plugserve attention-backend conformance suite")
+    group = parser.getgroup("plugserve", "plugserve conformance suites")
     group.addoption("--attention-backend", metavar="NAME", default=None,
                     help="registered attention backend the conformance suite tests "
                     "(default: torch_native)")
     group.addoption("--conformance-device", metavar="DEVICE", default=None,
                     help="device the conformance suite runs on (default: cpu if the "
                     "backend declares it, else cuda); a missing device skips the suite")
+    group.addoption("--cache-policy", metavar="NAME", default=None,
+                    help="registered cache policy the cache-policy conformance suite tests "
+                    "(default: radix)")
+    group.addoption("--spec-algorithm", metavar="NAME", default=None,
+                    help="registered speculative algorithm the speculative conformance suite "
+                    "tests (default: eagle)")
+    group.addoption("--spec-backend", metavar="NAME", action="append", default=None,
+                    help="attention backend the speculative conformance suite runs on "
+                    "(repeatable; default: every registered backend)")
 
 
 @pytest.fixture(scope="session")
@@ -60,3 +72,48 @@ def conformance_requirements(conformance_target: Any) -> Any:
     from plugserve.testing.conformance.requirements import Requirements
 
     return Requirements(conformance_target)
+
+
+@pytest.fixture
+def cache_policy(request: pytest.FixtureRequest) -> str:
+    """Name of the cache policy the cache-policy conformance suite tests."""
+    return str(request.config.getoption("--cache-policy") or "radix")
+
+
+@pytest.fixture
+def cache_target(cache_policy: str) -> Any:
+    """The `CachePolicyUnderTest`: registry entry, class and capabilities."""
+    from plugserve.testing.conformance.cache.target import CachePolicyUnderTest
+
+    return CachePolicyUnderTest.resolve(cache_policy)
+
+
+@pytest.fixture
+def cache_requirements(cache_target: Any) -> Any:
+    """The `CacheRequirements` answering what the policy declares; override with a subclass
+    to opt into requirements this plugserve does not know, or to list known failures."""
+    from plugserve.testing.conformance.cache.target import CacheRequirements
+
+    return CacheRequirements(cache_target)
+
+
+@pytest.fixture
+def spec_algorithm(request: pytest.FixtureRequest) -> str:
+    """Name of the speculative algorithm the speculative conformance suite tests."""
+    return str(request.config.getoption("--spec-algorithm") or "eagle")
+
+
+@pytest.fixture
+def spec_target(spec_algorithm: str) -> Any:
+    """The `SpecAlgorithmUnderTest`: registry entry, class and capabilities."""
+    from plugserve.testing.conformance.spec.target import SpecAlgorithmUnderTest
+
+    return SpecAlgorithmUnderTest.resolve(spec_algorithm)
+
+
+@pytest.fixture
+def spec_requirements(spec_target: Any) -> Any:
+    """The `SpecRequirements` answering what the algorithm declares (override as above)."""
+    from plugserve.testing.conformance.spec.target import SpecRequirements
+
+    return SpecRequirements(spec_target)

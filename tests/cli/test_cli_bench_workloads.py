@@ -136,6 +136,7 @@ def test_shared_prefix_against_transformers(
     assert "plugserve / transformers" in out
 
 
+@pytest.mark.integration  # runs the eagle plugin
 def test_spec(cli: Callable[..., Any], tiny_model_dir: Path, head_dir: Path, tmp_path: Path,
               capsys: pytest.CaptureFixture[str]) -> None:
     plot = tmp_path / "spec.png"
@@ -198,6 +199,7 @@ def test_spec(cli: Callable[..., Any], tiny_model_dir: Path, head_dir: Path, tmp
          "algorithm 'eagle' needs a draft model"),
     ],
 )
+@pytest.mark.integration  # the spec workload names the eagle plugin
 def test_bad_arguments(cli: Callable[..., Any], args: list[str], message: str) -> None:
     run = cli(*args, env={"PLUGSERVE_PLUGINS": "eagle"})
     assert run.exit_code == 1, run.stderr

@@ -76,9 +76,11 @@ CASES: dict[str, tuple[list[str], str, str]] = {
             "2",
         ],
         "",
-        "error: unsupported configuration: attention backend 'dummy_attention' may not run "
-        "page_size>1 (page_size=4) with topk>1 (spec_topk=2); allowed backends: "
-        "torch_native, triton, flashinfer, fa3",
+        "error: unsupported configuration: attention backend 'dummy_attention' (plugin 'good' "
+        "(plugserve-dummy-good 0.2.0)) may not run page_size>1 (page_size=4) with topk>1 "
+        "(spec_topk=2); allowed backends: torch_native (plugserve), triton "
+        "(plugserve-attention-triton), flashinfer (plugserve-attention-flashinfer), fa3 "
+        "(plugserve-attention-fa3)",
     ),
     "several unsupported settings at once": (
         ["generate", "hi", "--attention", "nope", "--cache", "lru"],

@@ -183,3 +183,39 @@ def test_cuda_without_cuda_is_a_start_up_error(
     assert "device 'cuda' was requested but CUDA is not available" in line, line
     assert "allowed here: 'cpu'" in line, line
     assert "--debug" not in line and "AssertionError" not in line, line
+
+
+TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }} ||{% endfor %}"
+
+
+@pytest.mark.parametrize("as_file", [False, True], ids=["text", "file"])
+def test_chat_template_override(cli: Callable[..., Any], tiny_model_dir: Path, tmp_path: Path,
+                                as_file: bool) -> None:
+    """`--chat-template` (a file or the text) replaces the model's template: the prompt is the
+    override's rendering, token for token."""
+    value = TEMPLATE
+    if as_file:
+        value = str(tmp_path / "template.jinja")
+        Path(value).write_text(TEMPLATE, encoding="utf-8")
+    run = generate(cli, tiny_model_dir, PROMPTS[0], "--chat", "--chat-template", value,
+                   "--json")
+    assert run.exit_code == 0, run.stderr
+    result = json.loads(run.stdout)["results"][0]
+    config = EngineConfig(model=str(tiny_model_dir), mem_check=1, plugins="checker")
+    with Engine(config) as engine:
+        rendered = f"[user] {PROMPTS[0]} ||"
+        ids = engine.tokenizer.backend.encode(rendered, add_special_tokens=False).ids
+        (want,) = engine.generate([list(ids)], SamplingParams(max_new_tokens=6))
+    assert result["prompt_tokens"] == len(ids)
+    assert result["token_ids"] == want.token_ids
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ("no-such-file.jinja", "no such file, and not a Jinja template"),
+    ("{% for m in messages %}", "the chat template is not valid Jinja"),
+])
+def test_chat_template_refused_before_the_model_loads(
+        cli: Callable[..., Any], tiny_model_dir: Path, value: str, words: str) -> None:
+    run = generate(cli, tiny_model_dir, "hi", "--chat", "--chat-template", value)
+    assert run.exit_code == 1
+    assert words in run.stderr

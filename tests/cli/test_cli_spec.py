@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("plugserve_spec_eagle")
+pytestmark = pytest.mark.integration  # runs the eagle plugin
 
 ENV = {"PLUGSERVE_PLUGINS": "checker,eagle"}
 PROMPTS = ["hello world", "the cat sat on the mat"]

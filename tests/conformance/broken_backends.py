@@ -4,6 +4,7 @@ plugin ("broken_examples") by the `example_plugins` fixture."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -48,8 +49,19 @@ class DecodeKVOffByOne(ExampleBackend):
         return [n - 1 for n in fb.seq_lens_cpu]
 
 
+class IgnoresSlidingWindow(ExampleBackend):
+    """Declares `sliding_window=True` (the example's capabilities) but attends to every key:
+    a capability declared and not honoured, which the suite must fail."""
+
+    name = "example_ignores_window"
+
+    def attend(self, q: torch.Tensor, layer: Any, fb: ForwardBatch) -> torch.Tensor:
+        return super().attend(q, dataclasses.replace(layer, sliding_window=None), fb)
+
+
 BROKEN: dict[str, type[ExampleBackend]] = {
-    cls.name: cls for cls in (IgnoresPrefixOffset, AssumesContiguousSlots, DecodeKVOffByOne)
+    cls.name: cls for cls in (IgnoresPrefixOffset, AssumesContiguousSlots, DecodeKVOffByOne,
+                              IgnoresSlidingWindow)
 }
 
 

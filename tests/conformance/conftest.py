@@ -1,5 +1,7 @@
 """Fixtures of the conformance-suite tests: the docs' example backend and its broken doubles,
-registered in-process as if their plugins were installed.
+registered in-process as if their plugins were installed (and the same for the cache-policy
+example and the broken cache policies and speculative algorithms: `cache_plugins`,
+`spec_plugins`).
 
 `example_plugins` serves two extra entry points in group "plugserve" next to the real ones:
 `example` (docs/examples/attention_example, registering the "example" backend) and
@@ -18,6 +20,11 @@ import pytest
 HERE = Path(__file__).resolve().parent
 EXAMPLE_ROOT = HERE.parents[1] / "docs" / "examples" / "attention_example"
 for folder in (EXAMPLE_ROOT, HERE):  # the example package and the doubles, importable
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+# The cache-policy example package and its own tests (test_cache_example.py imports them).
+CACHE_EXAMPLE_ROOT = HERE.parents[1] / "docs" / "examples" / "cache_example"
+for folder in (CACHE_EXAMPLE_ROOT, CACHE_EXAMPLE_ROOT / "tests"):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
@@ -43,5 +50,26 @@ def example_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     install_plugins(monkeypatch, example="plugserve_attention_example.plugin",
                     broken_examples="broken_backends")
+    yield
+    clear_plugin_hosts()
+
+
+@pytest.fixture
+def cache_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """`lru_radix` (docs/examples/cache_example) and the broken policies of broken_caches.py."""
+    from plugserve.plugins import clear_plugin_hosts
+
+    install_plugins(monkeypatch, lru_radix="plugserve_cache_example.plugin",
+                    broken_caches="broken_caches")
+    yield
+    clear_plugin_hosts()
+
+
+@pytest.fixture
+def spec_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The broken speculative algorithms of broken_specs.py."""
+    from plugserve.plugins import clear_plugin_hosts
+
+    install_plugins(monkeypatch, broken_specs="broken_specs")
     yield
     clear_plugin_hosts()

@@ -10,9 +10,16 @@ import pytest
 from plugserve.testing.conformance.smoke import TestEngineSmoke  # noqa: F401
 from plugserve.testing.conformance.suite.engine import (  # noqa: F401
     TestEngineHalfPrecision,
-    TestEngineSpeculative,
+)
+from plugserve.testing.conformance.suite.engine import (
+    TestEngineSpeculative as _TestEngineSpeculative,
 )
 from plugserve.testing.conformance.suite.kernel import *  # noqa: F403
+
+
+@pytest.mark.integration  # runs the eagle plugin
+class TestEngineSpeculative(_TestEngineSpeculative):
+    pass
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from plugserve.attention.base import BackendCapabilities
+from plugserve.attention.capabilities import TORCH_NATIVE_CAPABILITIES
 from plugserve.registry import PAGE_TREE_WHITELIST, Entry
 from plugserve.testing.conformance import Requirements, requires
 from plugserve.testing.conformance.cases import (
@@ -27,14 +28,18 @@ NARROW = BackendCapabilities(devices=frozenset({"cuda"}), dtypes=frozenset({"bfl
                              sliding_window=False)
 
 
-def _target(name: str, caps: BackendCapabilities, device: str | None = None) -> BackendUnderTest:
+FULL = TORCH_NATIVE_CAPABILITIES
+
+
+def _target(name: str, caps: BackendCapabilities, device: str | None = None,
+            distribution: str = "") -> BackendUnderTest:
     entry: Entry[object] = Entry(kind="attention backend", name=name, loader=object,
-                                 capabilities=caps)
+                                 capabilities=caps, distribution=distribution)
     return BackendUnderTest(name, entry, device or default_device(caps))
 
 
 def test_declared_capabilities_are_met() -> None:
-    req = Requirements(_target("torch_native", BackendCapabilities()))
+    req = Requirements(_target("torch_native", FULL, distribution="plugserve"))
     names = ["dtype:float16", "page_size:64", "custom_mask", "speculative", "topk_gt1",
              "page_tree", "sliding_window"]
     assert req.unmet(names) == []
@@ -53,11 +58,15 @@ def test_undeclared_capabilities_give_reasons() -> None:
 
 
 def test_the_whitelist_decides_page_gt1_with_topk_gt1() -> None:
-    assert "triton" in PAGE_TREE_WHITELIST
-    assert Requirements(_target("triton", BackendCapabilities())).check("page_tree") is None
-    reason = Requirements(_target("mine", BackendCapabilities())).check("page_tree")
+    assert ("plugserve-attention-triton", "triton") in PAGE_TREE_WHITELIST
+    triton = _target("triton", FULL, distribution="plugserve-attention-triton")
+    assert Requirements(triton).check("page_tree") is None
+    reason = Requirements(_target("mine", FULL)).check("page_tree")
     assert "not in plugserve.registry.PAGE_TREE_WHITELIST" in str(reason)
-    assert Requirements(_target("mine", BackendCapabilities())).check("topk_gt1") is None
+    # The name alone inherits nothing: another distribution's "triton" is refused.
+    assert "not in plugserve.registry" in str(Requirements(_target("triton", FULL)).check(
+        "page_tree"))
+    assert Requirements(_target("mine", FULL)).check("topk_gt1") is None
 
 
 def test_unknown_requirement_is_not_required_until_opted_in() -> None:
@@ -100,7 +109,7 @@ def test_known_failures_by_test_or_case() -> None:
 def test_device_the_backend_lacks_or_this_machine_lacks() -> None:
     assert default_device(NARROW) == "cuda"
     assert "does not declare device 'cpu'" in str(_target("n", NARROW, "cpu").skip_reason())
-    cpu = _target("torch_native", BackendCapabilities())
+    cpu = _target("torch_native", FULL)
     assert cpu.device == "cpu" and cpu.skip_reason() is None
     if not torch.cuda.is_available():
         assert "CUDA is not available" in str(_target("n", NARROW).skip_reason())

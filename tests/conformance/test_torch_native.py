@@ -4,4 +4,8 @@ the built-in reference, unless told otherwise (`pytest tests/conformance/test_to
 
 from __future__ import annotations
 
+import pytest
+
 from plugserve.testing.conformance.suite import *  # noqa: F403
+
+pytestmark = pytest.mark.integration  # the suite's speculative cases run the eagle plugin

@@ -69,7 +69,7 @@ def _example_backend() -> type[AttentionBackend]:
 
 @pytest.mark.parametrize("backend", [
     pytest.param(lambda: TorchNativeBackend, id="torch_native"),
-    pytest.param(_triton_backend, id="triton"),
+    pytest.param(_triton_backend, id="triton", marks=pytest.mark.integration),
     pytest.param(_example_backend, id="example"),
 ])
 def test_tree_verify_window_matches_decoding_each_path(backend: object) -> None:

@@ -102,3 +102,99 @@ class TestSWASessions(EngineTest):
             self.assert_idle_memory_whole(engine)
             engine.close_session(sid)
             self.assert_idle_memory_whole(engine)
+
+
+# Several conversations at once, so turns of different sessions share batches, with decodes
+# mixed into prefill chunks, and with sessions that keep a cached prefix locked (their first
+# turns share one).
+SHARED_HEAD = random_prompts(1, 256, 24, 24, seed=71)[0]
+MANY = [[SHARED_HEAD + turns[0], *turns[1:]]
+        for turns in (random_prompts(3, 256, 5, 14, seed=72 + i) for i in range(3))]
+# Under memory pressure: a session's turn beside two long plain requests in a small pool.
+POOL = 160
+PRESSURE = random_prompts(2, 256, 40, 40, seed=75)
+
+
+def _conversation_reference(root: str, turns: list[list[int]]) -> list[list[int]]:
+    history: list[int] = []
+    outs = []
+    for turn in turns:
+        history = history + turn
+        outs.append(_plain(_model(root), history))
+        history = history + outs[-1]
+    return outs
+
+
+class TestManySWASessions(EngineTest):
+    env = {"PLUGSERVE_CACHE": "streaming_session"}
+
+    @pytest.mark.parametrize("case", [
+        dict(page_size=4, chunked_prefill_size=16, overlap=False),
+        dict(page_size=4, enable_mixed_chunk=True, chunked_prefill_size=16, overlap=False),
+        dict(page_size=1, enable_mixed_chunk=True, chunked_prefill_size=8, overlap=True),
+    ], ids=["chunked", "mixed", "mixed-overlap-page1"])
+    def test_turns_match_whole_conversations(self, root: str, case: dict[str, Any]) -> None:
+        expected = [_conversation_reference(root, turns) for turns in MANY]
+        with self.engine(model=str(_model(root)), **case) as engine:
+            assert [p.name for p in engine.kv.pools] == ["full", "swa"]
+            engine.generate([[*SHARED_HEAD, 1]], _params(2))  # caches the shared head
+            sids = [engine.open_session() for _ in MANY]
+            got: list[list[list[int]]] = [[] for _ in MANY]
+            for turn in range(len(MANY[0])):
+                reqs = [engine.submit(turns[turn], _params(), session_id=sid)
+                        for sid, turns in zip(sids, MANY, strict=True)]
+                engine.scheduler.run_until_idle()
+                for i, req in enumerate(reqs):
+                    assert req.error is None
+                    got[i].append(list(req.output_ids))
+                self.assert_idle_memory_whole(engine)
+                if turn == 0 and case["page_size"] > 1:
+                    # The first turns matched the cached head and keep it locked, in both
+                    # pools. (With page 1 window eviction frees the head's SWA KV finely
+                    # enough that no window of it is left to match.)
+                    assert engine.kv.session_locked_slots("swa") > 0
+            assert got == expected
+            for sid in sids:
+                engine.close_session(sid)
+            engine.scheduler.settle_idle()
+            self.assert_idle_memory_whole(engine)
+
+    @pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+    def test_a_retracted_turn_recomputes(self, root: str, overlap: bool) -> None:
+        turns = MANY[0][:2]
+        expected = _conversation_reference(root, turns)
+        plain = [_plain(_model(root), p) for p in PRESSURE]
+        with self.engine(model=str(_model(root)), page_size=4, kv_pool_tokens=POOL,
+                         overlap=overlap) as engine:
+            sid = engine.open_session()
+            (first,) = engine.generate([turns[0]], _params(), session_id=sid)
+            turn = engine.submit(turns[1], _params(), session_id=sid)
+            others = [engine.submit(p, _params()) for p in PRESSURE]
+            engine.scheduler.run_until_idle()
+            assert turn.error is None and turn.retract_count > 0  # the longest prompt went first
+            assert [first.token_ids, turn.output_ids] == expected
+            assert [r.output_ids for r in others] == plain
+            self.assert_idle_memory_whole(engine)
+            engine.close_session(sid)
+            engine.scheduler.settle_idle()
+            self.assert_idle_memory_whole(engine)
+
+    def test_a_decode_that_idle_sessions_starve_fails_alone(self, root: str) -> None:
+        """The session's turn is retracted (its slot keeps the conversation's KV) and a plain
+        request then finds no room to decode: it fails with the reason, and the engine keeps
+        serving (it used to stop with 'cannot hold even one running request')."""
+        turns = MANY[0][:2]
+        with self.engine(model=str(_model(root)), page_size=4, kv_pool_tokens=128) as engine:
+            sid = engine.open_session()
+            engine.generate([turns[0]], _params(), session_id=sid)
+            turn = engine.submit(turns[1], _params(), session_id=sid)
+            others = [engine.submit(p, _params()) for p in PRESSURE]
+            engine.scheduler.run_until_idle()
+            failed = [r for r in [turn, *others] if r.error is not None]
+            assert failed and all("idle streaming sessions hold" in str(r.error)
+                                  for r in failed)
+            self.assert_idle_memory_whole(engine)
+            engine.close_session(sid)
+            (again,) = engine.generate([PRESSURE[0]], _params())
+            assert again.error is None and again.token_ids == _plain(_model(root), PRESSURE[0])
+            self.assert_idle_memory_whole(engine)

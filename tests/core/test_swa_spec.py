@@ -15,6 +15,7 @@ from plugserve.testing.reference import hf_greedy, random_prompts
 from plugserve.testing.tiny_models import make_tiny_model_dir
 
 pytest.importorskip("plugserve_spec_eagle")
+pytestmark = pytest.mark.integration  # runs the eagle plugin
 
 PROMPTS = random_prompts(3, 256, 30, 60, seed=51)
 MAX_NEW = [40, 30, 50]

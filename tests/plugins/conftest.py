@@ -6,6 +6,7 @@ The dummy plugin packages must be installed first: `bash tests/dummy_plugins/ins
 from __future__ import annotations
 
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +31,10 @@ def fake_plugins(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
         eps = []
         for name, plugin in plugins.items():
             module_name = f"plugserve_test_fake_{name}"
-            monkeypatch.setitem(sys.modules, module_name, plugin)
+            # A real module, as an entry point loads (pluggy keeps plugins in sets).
+            module = types.ModuleType(module_name)
+            module.__dict__.update(vars(plugin))
+            monkeypatch.setitem(sys.modules, module_name, module)
             eps.append(EntryPoint(name=name, value=module_name, group="plugserve"))
         eps.sort(key=lambda ep: ep.name)
         monkeypatch.setattr(plugins_module, "installed_entry_points", lambda: list(eps))

@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-from plugserve import fixes
 from plugserve.attention.base import BackendCapabilities
 from plugserve.config import EngineConfig
 from plugserve.hookspecs import hookimpl
@@ -78,7 +77,6 @@ def _every_hook_plugin() -> SimpleNamespace:
 @pytest.fixture
 def every_hook(fake_plugins: Callable[..., None], monkeypatch: pytest.MonkeyPatch) -> None:
     """Installs a plugin implementing every registration hook."""
-    monkeypatch.setattr(fixes, "_known", dict(fixes.known_fix_toggles()))
     monkeypatch.setattr(Recorder, "instances", [])
     fake_plugins(every_hook=_every_hook_plugin())
 
@@ -96,7 +94,7 @@ def test_register_hooks_get_a_registrar() -> None:
     assert regs.cache.get("hook_cache").capabilities == CachePolicyCapabilities()
     checker = regs.checkers.get("recorder")
     assert checker.load() is Recorder and checker.description == "records lifecycle calls"
-    assert fixes.known_fix_toggles()["hook_toggle"] == "a toggle from the hook test"
+    assert get_plugin_host().fix_toggles["hook_toggle"] == "a toggle from the hook test"
 
 
 @pytest.mark.usefixtures("every_hook")

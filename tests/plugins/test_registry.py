@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from plugserve.attention.base import BackendCapabilities
+from plugserve.attention.capabilities import TORCH_NATIVE_CAPABILITIES
 from plugserve.config import EngineConfig
 from plugserve.registry import (
     PAGE_TREE_WHITELIST,
@@ -16,27 +18,35 @@ from plugserve.registry import (
     Registry,
     RegistryError,
     SpecCapabilities,
-    validate_config,
 )
+from plugserve.validation import validate_config
+
+# Every capability a backend can declare (the whitelist is no capability).
+FULL = dataclasses.replace(TORCH_NATIVE_CAPABILITIES, devices=frozenset({"cpu"}))
+# The distribution the whitelist names for each whitelisted backend.
+WHITELISTED_DIST = {name: dist for dist, name in PAGE_TREE_WHITELIST}
 
 
-def entry(kind: str, name: str, caps: Any = None, loader: Any = lambda: object) -> Entry[Any]:
+def entry(kind: str, name: str, caps: Any = None, loader: Any = lambda: object,
+          distribution: str = "plugserve-test") -> Entry[Any]:
     return Entry(
         kind=kind,
         name=name,
         loader=loader,
         capabilities=caps,
         plugin="test",
-        distribution="plugserve-test",
+        distribution=distribution,
         version="1.0",
     )
 
 
 def registries(**backends: BackendCapabilities) -> Registries:
-    """The built-in names plus `backends`, a tree-capable `tree_spec` and a chain-only one."""
+    """The built-in names plus `backends` (a whitelisted name registered by the distribution
+    the whitelist names), a tree-capable `tree_spec` and a chain-only one."""
     regs = Registries()
-    for name, caps in {"torch_native": BackendCapabilities(), **backends}.items():
-        regs.attention.add(entry("attention backend", name, caps))
+    for name, caps in {"torch_native": TORCH_NATIVE_CAPABILITIES, **backends}.items():
+        dist = WHITELISTED_DIST.get(name, "plugserve-test")
+        regs.attention.add(entry("attention backend", name, caps, distribution=dist))
     regs.cache.add(entry("cache policy", "radix"))
     regs.spec.add(entry("speculative algorithm", "none", SpecCapabilities(topk_gt1=False)))
     regs.spec.add(entry("speculative algorithm", "tree_spec", SpecCapabilities()))
@@ -120,26 +130,56 @@ def test_every_reason_is_gathered() -> None:
         "attention backend 'narrow' does not support dtype 'float32'; it supports ['bfloat16']",
         "attention backend 'narrow' does not support page_size 4; it supports [16]",
         "speculative decoding needs a tree-mask verify; attention backend 'narrow' has none",
-        "attention backend 'narrow' may not run page_size>1 (page_size=4) with topk>1 "
-        f"(spec_topk=2); allowed backends: {', '.join(PAGE_TREE_WHITELIST)}",
+        "attention backend 'narrow' (plugin 'test' (plugserve-test 1.0)) may not run "
+        "page_size>1 (page_size=4) with topk>1 (spec_topk=2); allowed backends: "
+        "torch_native (plugserve), triton (plugserve-attention-triton), flashinfer "
+        "(plugserve-attention-flashinfer), fa3 (plugserve-attention-fa3)",
     ]
 
 
 def test_only_the_whitelist_decides_page_gt1_with_topk_gt1() -> None:
     # Every capability a backend can declare, yet not on the whitelist: refused.
-    capable = BackendCapabilities(topk_gt1=True, custom_mask=True)
     config = EngineConfig(attention="capable", spec="tree_spec", page_size=16, spec_topk=4)
-    reasons = validate_config(config, registries(capable=capable))
+    reasons = validate_config(config, registries(capable=FULL))
     assert len(reasons) == 1 and "may not run page_size>1" in reasons[0]
     assert "page>1+topk>1" not in BackendCapabilities().as_dict()
 
 
+def test_a_whitelisted_name_from_another_distribution_is_refused() -> None:
+    """A third-party plugin registering a backend called `fa3` does not inherit fa3's place."""
+    regs = registries()
+    regs.attention.add(entry("attention backend", "fa3", FULL, distribution="someone-elses-fa3"))
+    config = EngineConfig(attention="fa3", spec="tree_spec", page_size=16, spec_topk=4)
+    (reason,) = validate_config(config, regs)
+    assert reason.startswith("attention backend 'fa3' (plugin 'test' (someone-elses-fa3 1.0)) "
+                             "may not run page_size>1 (page_size=16) with topk>1 (spec_topk=4)")
+    assert "fa3 (plugserve-attention-fa3)" in reason
+    # The distribution's name is compared as PEP 503 normalises it.
+    real = entry("attention backend", "fa3", FULL, distribution="Plugserve_Attention.FA3")
+    assert real.page_tree_allowed()
+
+
+def test_the_defaults_claim_the_minimum() -> None:
+    caps = BackendCapabilities()
+    assert caps.devices == frozenset({"cpu"}) and caps.dtypes == frozenset({"float32"})
+    assert caps.page_sizes == frozenset({1})
+    assert not (caps.custom_mask or caps.topk_gt1 or caps.sliding_window
+                or caps.swa_slot_translation)
+    reasons = validate_config(
+        EngineConfig(attention="bare", spec="tree_spec", page_size=4, dtype="bfloat16"),
+        registries(bare=caps), sliding_window=True)
+    assert len(reasons) == 4  # dtype, page size, window, tree mask: nothing was declared
+
+
 def test_listing_shows_page_gt1_with_topk_gt1_from_the_whitelist() -> None:
     caps = BackendCapabilities()
-    listed = entry("attention backend", "torch_native", caps).capabilities_dict()
+    listed = entry("attention backend", "torch_native", caps,
+                   distribution="plugserve").capabilities_dict()
     assert listed["page>1+topk>1"] is True
     assert list(listed)[list(listed).index("topk>1") + 1] == "page>1+topk>1"
     assert entry("attention backend", "capable", caps).capabilities_dict()["page>1+topk>1"] is False
+    assert entry("attention backend", "torch_native", caps).capabilities_dict()[
+        "page>1+topk>1"] is False  # the name alone is not enough
     # Only attention backends have the column.
     spec = entry("speculative algorithm", "tree_spec", SpecCapabilities()).capabilities_dict()
     assert "page>1+topk>1" not in spec
@@ -147,13 +187,13 @@ def test_listing_shows_page_gt1_with_topk_gt1_from_the_whitelist() -> None:
 
 @pytest.mark.parametrize("backend", ["torch_native", "triton", "flashinfer", "fa3"])
 def test_whitelisted_backends_may_run_page_gt1_with_topk_gt1(backend: str) -> None:
-    assert backend in PAGE_TREE_WHITELIST
+    assert (WHITELISTED_DIST[backend], backend) in PAGE_TREE_WHITELIST
     config = EngineConfig(attention=backend, spec="tree_spec", page_size=16, spec_topk=4)
-    assert validate_config(config, registries(**{backend: BackendCapabilities()})) == []
+    assert validate_config(config, registries(**{backend: FULL})) == []
 
 
 def test_topk_gt1_at_page_size_one_is_a_separate_capability() -> None:
-    no_tree = BackendCapabilities(topk_gt1=False)
+    no_tree = dataclasses.replace(FULL, topk_gt1=False)
     tree = EngineConfig(attention="no_tree", spec="tree_spec", page_size=1, spec_topk=2)
     assert validate_config(tree, registries(no_tree=no_tree)) == [
         "attention backend 'no_tree' does not support topk>1 drafting (spec_topk=2)"
@@ -176,7 +216,7 @@ def test_spec_capabilities_are_checked() -> None:
 
 
 def test_sliding_window_models_need_a_sliding_window_backend() -> None:
-    regs = registries(full_only=BackendCapabilities(sliding_window=False))
+    regs = registries(full_only=dataclasses.replace(FULL, sliding_window=False))
     config = EngineConfig(attention="full_only")
     assert validate_config(config, regs) == []
     assert validate_config(config, regs, sliding_window=True) == [

@@ -30,7 +30,36 @@ CASES: list[tuple[str, str, str, Any, int, str, str | None]] = [
     ("empty prompt list", "POST", C, {"prompt": []}, 400, "empty list", "prompt"),
     ("empty prompt", "POST", C, {"prompt": ""}, 400, "prompt is empty", "prompt"),
     ("negative max_tokens", "POST", C, {"prompt": "x", "max_tokens": -1}, 400,
-     "max_tokens must be at least 1", "max_tokens"),
+     "max_tokens must be at least 0", "max_tokens"),
+    ("max_tokens 0 without echo", "POST", C, {"prompt": "x", "max_tokens": 0}, 400,
+     "max_tokens: 0 needs echo=true", "max_tokens"),
+    ("max_tokens past the context", "POST", C, {"prompt": [5, 6, 7], "max_tokens": 10**12},
+     400, "max_tokens is 1000000000000 but the prompt has 3 tokens and the context holds 512: "
+     "at most 509", "max_tokens"),
+    ("chat max_tokens past the context", "POST", CHAT, {"messages": MSG, "max_tokens": 600},
+     400, "but the prompt has", "max_tokens"),
+    ("lone surrogate in the prompt", "POST", C, '{"prompt": "ab\\udcff"}', 400,
+     "prompt: text is not valid Unicode (a lone surrogate at character 2)", "prompt"),
+    ("lone surrogate in a message", "POST", CHAT,
+     '{"messages": [{"role": "user", "content": "\\ud800x"}]}', 400,
+     "messages.0.content: text is not valid Unicode", "messages"),
+    ("lone surrogate in a stop string", "POST", C, '{"prompt": "x", "stop": ["\\udfff"]}',
+     400, "stop.0: text is not valid Unicode", "stop"),
+    ("repetition_penalty 0", "POST", C, {"prompt": "x", "repetition_penalty": 0}, 400,
+     "repetition_penalty must be a finite number > 0", "repetition_penalty"),
+    ("presence_penalty 3", "POST", C, {"prompt": "x", "presence_penalty": 3}, 400,
+     "presence_penalty must be a number in [-2, 2]", "presence_penalty"),
+    ("logit_bias key not an id", "POST", C, {"prompt": "x", "logit_bias": {"a": 1}}, 400,
+     "logit_bias keys must be token ids", "logit_bias"),
+    ("logit_bias outside the vocabulary", "POST", C, {"prompt": "x",
+                                                      "logit_bias": {"99999": 1}},
+     400, "logit_bias has token ids outside the vocabulary", "logit_bias"),
+    ("min_tokens over max_tokens", "POST", C, {"prompt": "x", "max_tokens": 2,
+                                               "min_tokens": 5}, 400,
+     "min_tokens (5) must not exceed", "min_tokens"),
+    ("stop_token_ids outside the vocabulary", "POST", C, {"prompt": "x",
+                                                          "stop_token_ids": [99999]},
+     400, "unknown stop token id", "stop_token_ids"),
     ("max_tokens as text", "POST", C, {"prompt": "x", "max_tokens": "5"}, 400,
      "max_tokens: Input should be a valid integer", "max_tokens"),
     ("negative temperature", "POST", C, {"prompt": "x", "temperature": -1}, 400,
@@ -42,13 +71,14 @@ CASES: list[tuple[str, str, str, Any, int, str, str | None]] = [
     ("top_k 0", "POST", C, {"prompt": "x", "top_k": 0}, 400, "top_k must be -1", "top_k"),
     ("seed as float", "POST", C, {"prompt": "x", "seed": 1.5}, 400, "seed", "seed"),
     ("n=2", "POST", C, {"prompt": "x", "n": 2}, 400, "n must be 1, got 2", "n"),
-    ("top logprobs", "POST", C, {"prompt": "x", "logprobs": 5}, 400,
-     "sampled token's logprob only", "logprobs"),
+    ("logprobs over the limit", "POST", C, {"prompt": "x", "logprobs": 21}, 400,
+     "logprobs must be in [0, 20] (--max-logprobs), got 21", "logprobs"),
+    ("prompt_logprobs over the limit", "POST", C, {"prompt": "x", "prompt_logprobs": 50}, 400,
+     "prompt_logprobs must be in [0, 20]", "prompt_logprobs"),
     ("empty stop string", "POST", C, {"prompt": "x", "stop": [""]}, 400,
      "stop strings must not be empty", "stop"),
     ("unknown field", "POST", C, {"prompt": "x", "sesion_id": 3}, 400,
      "sesion_id: unknown field", "sesion_id"),
-    ("echo", "POST", C, {"prompt": "x", "echo": True}, 400, "echo is not supported", "echo"),
     ("stream as text", "POST", C, {"prompt": "x", "stream": "yes"}, 400, "stream", "stream"),
     ("token id outside the vocabulary", "POST", C, {"prompt": [1, 999999]}, 400,
      "outside the vocabulary", "prompt"),
@@ -69,8 +99,11 @@ CASES: list[tuple[str, str, str, Any, int, str, str | None]] = [
      "messages"),
     ("chat without messages", "POST", CHAT, {"messages": []}, 400, "at least one message",
      "messages"),
-    ("chat top_logprobs", "POST", CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 3},
-     400, "top_logprobs must be 0", "top_logprobs"),
+    ("chat top_logprobs without logprobs", "POST", CHAT, {"messages": MSG, "top_logprobs": 3},
+     400, "top_logprobs: needs logprobs=true", "top_logprobs"),
+    ("chat top_logprobs over the limit", "POST", CHAT, {"messages": MSG, "logprobs": True,
+                                                       "top_logprobs": 30},
+     400, "top_logprobs must be in [0, 20]", "top_logprobs"),
     ("huge body", "POST", C, {"prompt": "x" * (100 << 10)}, 413, "larger than the server's "
      "limit of 65,536 bytes", None),
 ]
@@ -142,3 +175,16 @@ def test_api_key(served: Any) -> None:
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0
                           ).models.list()
+
+
+def test_several_keys_and_any_case_scheme(served: Any) -> None:
+    with served(ServerSettings(api_key="alpha, beta")) as server, \
+            httpx.Client(base_url=server.url, timeout=30) as http:
+        for header in ("Bearer alpha", "bearer beta", "BEARER  alpha"):
+            ok = http.post(C, json=GOOD, headers={"Authorization": header})
+            assert ok.status_code == 200, (header, ok.text)
+        for header in ("Basic alpha", "Bearer alpha, beta", "alpha"):
+            assert http.post(C, json=GOOD, headers={"Authorization": header}
+                             ).status_code == 401, header
+        tokenize = http.post("/tokenize", json={"prompt": "x"})
+        assert tokenize.status_code == 401  # the tokenizer routes are guarded too

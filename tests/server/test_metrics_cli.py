@@ -3,17 +3,14 @@ port that answers, then stops on SIGINT / SIGTERM with its memory whole."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from serve_process import free_port, start_serve, wait_healthy
 
 from plugserve.server.background import BackgroundServer
 
@@ -56,36 +53,6 @@ def test_health(http: httpx.Client) -> None:
     document = health.json()
     assert document["status"] == "ok" and document["memory_whole_at_idle"] is True
     assert document["engine_error"] is None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_serve(model: Path, port: int, *extra: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PLUGSERVE_MEM_CHECK": "1", "PLUGSERVE_CHECK_PAGES": "1",
-           "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "plugserve", "serve", "--model", str(model), "--port", str(port),
-         *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )
-
-
-def wait_healthy(proc: subprocess.Popen[str], url: str, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[1]
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    pytest.fail("plugserve serve did not become healthy")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -160,3 +127,10 @@ def test_engine_failure(tiny_model_dir: Path) -> None:
             assert "plugserve_engine_up 0.0" in http.get("/metrics").text
     finally:
         engine.close()
+
+
+def test_kv_series_before_the_first_request(served: Any) -> None:
+    with served() as server:
+        text = httpx.get(server.url + "/metrics", timeout=30).text
+    assert 'plugserve_kv_slots{pool="full",term="available"}' in text
+    assert 'plugserve_kv_balance_slots{pool="full"} 0.0' in text

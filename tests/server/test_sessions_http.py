@@ -85,3 +85,79 @@ def test_sessions_need_the_streaming_session_policy(http: Any) -> None:
     refused = http.post("/v1/sessions")
     assert refused.status_code == 400
     assert "streaming_session" in refused.json()["error"]["message"]
+
+
+def test_sessions_bound_to_their_key_and_unguessable(
+    served: Callable[..., AbstractContextManager[BackgroundServer]]
+) -> None:
+    import httpx
+
+    from plugserve.server.settings import ServerSettings
+
+    with served(ServerSettings(api_key="k1,k2"), cache="streaming_session") as server, \
+            httpx.Client(base_url=server.url, timeout=60) as http:
+        one, two = ({"Authorization": f"Bearer {k}"} for k in ("k1", "k2"))
+        sids = [http.post("/v1/sessions", headers=one).json()["id"] for _ in range(2)]
+        assert sids[0] != sids[1] and all(len(s) >= 32 for s in sids)  # uuid4, not a counter
+        body = {"prompt": [3, 4], "max_tokens": 2, "session_id": sids[0]}
+        stolen = http.post("/v1/completions", json=body, headers=two)
+        assert stolen.status_code == 404
+        assert stolen.json()["error"]["code"] == "session_not_found"
+        assert http.delete(f"/v1/sessions/{sids[0]}", headers=two).status_code == 404
+        assert http.post("/v1/completions", json=body, headers=one).status_code == 200
+        for sid in sids:
+            assert http.delete(f"/v1/sessions/{sid}", headers=one).status_code == 200
+
+
+def test_session_timeout_must_be_finite(http: Any) -> None:
+    for raw in ('{"timeout_s": Infinity}', '{"timeout_s": -1}', '{"timeout_s": NaN}'):
+        refused = http.post("/v1/sessions", content=raw,
+                            headers={"content-type": "application/json"})
+        assert refused.status_code == 400, raw
+        assert "timeout_s must be a finite number of seconds > 0" in \
+            refused.json()["error"]["message"]
+
+
+def test_health_answers_while_a_session_call_waits_on_a_long_step(
+    served: Callable[..., AbstractContextManager[BackgroundServer]]
+) -> None:
+    """A session call waits for the engine thread between steps; the event loop keeps
+    answering meanwhile (it used to block on the engine's future)."""
+    import threading
+    import time
+
+    import httpx
+
+    with served(cache="streaming_session") as server:
+        release = threading.Event()
+
+        def slow_step(engine: Any) -> None:  # a long step, on the engine thread
+            release.wait(10)
+
+        server.engine_loop._commands.put(("call", (slow_step, _done_future())))
+        server.engine_loop._wake.set()
+        result: dict[str, Any] = {}
+
+        def open_session() -> None:
+            result["opened"] = httpx.post(server.url + "/v1/sessions", timeout=30)
+
+        opener = threading.Thread(target=open_session)
+        opener.start()
+        time.sleep(0.3)  # the session call now waits behind the long step
+        worst = 0.0
+        for _ in range(5):
+            t0 = time.monotonic()
+            assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+            worst = max(worst, time.monotonic() - t0)
+        assert "opened" not in result
+        release.set()
+        opener.join(30)
+        assert result["opened"].status_code == 200
+        assert worst < 0.5, worst  # bounded by the loop, not by the 10 s step
+        httpx.delete(server.url + f"/v1/sessions/{result['opened'].json()['id']}", timeout=30)
+
+
+def _done_future() -> Any:
+    import concurrent.futures
+
+    return concurrent.futures.Future()

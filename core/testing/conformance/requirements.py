@@ -125,17 +125,18 @@ class Requirements:
         return f"attention backend {self.name!r} declares topk_gt1=False (no tree drafting)"
 
     def page_tree(self) -> str | None:
-        """Tree drafting (topk>1) on a paged cache (page_size>1): the whitelist decides."""
-        from plugserve.registry import PAGE_TREE_WHITELIST
+        """Tree drafting (topk>1) on a paged cache (page_size>1): the whitelist decides, by
+        the distribution that registered the backend and its name."""
+        from plugserve.attention.whitelist import page_tree_whitelist_text
 
         reason = self.speculative()
         if reason is not None:
             return reason
-        if self.name in PAGE_TREE_WHITELIST:
+        if self.target.entry.page_tree_allowed():
             return None
-        return (f"attention backend {self.name!r} is not in plugserve.registry."
-                f"PAGE_TREE_WHITELIST ({', '.join(PAGE_TREE_WHITELIST)}): page_size>1 with "
-                "topk>1 is refused for it")
+        return (f"attention backend {self.name!r} ({self.target.entry.origin()}) is not in "
+                f"plugserve.registry.PAGE_TREE_WHITELIST ({page_tree_whitelist_text()}): "
+                "page_size>1 with topk>1 is refused for it")
 
     def sliding_window(self) -> str | None:
         if self.caps.sliding_window:

@@ -5,8 +5,11 @@ Modules:
 
 - `plugin`: the hooks registering the backend "fa3" and its fix toggle.
 - `capabilities`: what the backend supports, and `VERIFIED_ON` (the last GPU verification).
-- `fixes`: the fix toggle names and how a backend learns which are reverted.
-- `pages`: KV lists (request rows, per-branch draft lists) as page-table rows.
+- `fixes`: the fix toggle name.
+- `environment`: whether an FA3 build can load here (torch symbols checked with `nm -D`),
+  without importing it.
+- `pages`: the reverted branch fill of the fix toggle (page lists come from
+  `plugserve.attention.paging`).
 - `page_table`: the persistent page-table buffer and its scatter.
 - `metadata`: per-batch call arguments (plain torch), built once by `init_forward_metadata`.
 - `merge`: merging two partial attentions by their log-sum-exps (tree verify).

@@ -23,9 +23,16 @@ from typing import Any
 
 import torch
 
-from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
+from plugserve.attention.base import (
+    AttentionBackend,
+    AttentionContext,
+    AttentionLayer,
+    cuda_device_scope,
+    resolve_reverts,
+)
 from plugserve.structs.forward_batch import ForwardBatch
-from plugserve_attention_fa3.fixes import DRAFT_PAGE_SCATTER, resolve_reverts
+from plugserve_attention_fa3.environment import INSTALL_HINT, fa3_problem
+from plugserve_attention_fa3.fixes import DRAFT_PAGE_SCATTER
 from plugserve_attention_fa3.merge import merge_partial_attention
 from plugserve_attention_fa3.metadata import (
     Fa3Call,
@@ -35,11 +42,9 @@ from plugserve_attention_fa3.metadata import (
 )
 from plugserve_attention_fa3.page_table import PageTableBuffer
 
-INSTALL_HINT = (
-    "pip install 'plugserve-attention-fa3[cuda]' (sgl-kernel's FA3), or build FA3 from "
-    "flash-attention's hopper/ directory (module flash_attn_interface)"
-)
 FA3_MODULES = ("flash_attn_interface", "sgl_kernel.flash_attn")
+MAX_HEAD_DIM = 256
+FA3_SM_MAJORS = (8, 9)  # sgl-kernel's is_fa3_supported: compute capability 8.x or 9.x
 
 
 def import_fa3() -> Any:
@@ -49,6 +54,9 @@ def import_fa3() -> Any:
             "attention backend 'fa3' requires CUDA, but torch sees no CUDA device; "
             "use --attention torch_native on this machine"
         )
+    problem = fa3_problem()  # e.g. an sgl-kernel built for another torch: refuse, name why
+    if problem is not None:
+        raise ImportError(f"attention backend 'fa3': {problem}")
     failures = []
     for name in FA3_MODULES:
         try:
@@ -80,11 +88,7 @@ class FA3AttentionBackend(AttentionBackend):
         revert_fixes: Iterable[str] | None = None,
     ) -> None:
         super().__init__(ctx)
-        if ctx.num_kv_heads < 1 or ctx.num_heads % ctx.num_kv_heads != 0:
-            raise ValueError(
-                f"attention backend 'fa3' needs num_heads ({ctx.num_heads}) to be a multiple "
-                f"of num_kv_heads ({ctx.num_kv_heads})"
-            )
+        self.refuse_invalid(ctx)
         if kernels is None:
             if torch.device(ctx.device).type != "cuda":
                 raise RuntimeError(
@@ -97,14 +101,30 @@ class FA3AttentionBackend(AttentionBackend):
         self.page_table = PageTableBuffer(
             max_rows=ctx.max_batch_size * max(1, ctx.spec_topk), device=torch.device(ctx.device))
 
+    @classmethod
+    def validate(cls, ctx: AttentionContext) -> list[str]:
+        reasons = super().validate(ctx)
+        if ctx.head_dim > MAX_HEAD_DIM or ctx.head_dim % 8:
+            reasons.append(f"attention backend 'fa3' needs head_dim <= {MAX_HEAD_DIM} and a "
+                           f"multiple of 8 (FA3's kernels); the model has {ctx.head_dim}")
+        device = torch.device(ctx.device)
+        if device.type == "cuda" and torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(device)
+            if major not in FA3_SM_MAJORS:
+                reasons.append(f"attention backend 'fa3' runs on sm80/sm86/sm89/sm90 GPUs "
+                               f"(sgl-kernel's is_fa3_supported); {device} is sm{major}{minor}")
+        return reasons
+
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
         page = self.ctx.page_size
-        if fb.mode.is_decode():
-            fb.attn_metadata = build_decode_metadata(
-                fb, page, self.page_table, distinct_pages=DRAFT_PAGE_SCATTER in self.revert_fixes)
-        else:
-            fb.attn_metadata = build_extend_metadata(fb, page, self.page_table)
+        with cuda_device_scope(self.ctx.device):
+            if fb.mode.is_decode():
+                fb.attn_metadata = build_decode_metadata(
+                    fb, page, self.page_table,
+                    distinct_pages=DRAFT_PAGE_SCATTER in self.revert_fixes)
+            else:
+                fb.attn_metadata = build_extend_metadata(fb, page, self.page_table)
 
     def forward_extend(
         self, q: torch.Tensor, layer: AttentionLayer, forward_batch: ForwardBatch
@@ -138,28 +158,20 @@ class FA3AttentionBackend(AttentionBackend):
         k = fb.kv_pool.get_k(layer.layer_id)
         v = fb.kv_pool.get_v(layer.layer_id)
         page = call.page_size
-        result = self.kernels.flash_attn_with_kvcache(
-            q, k.view(-1, page, *k.shape[1:]), v.view(-1, page, *v.shape[1:]),
-            cache_seqlens=call.cache_seqlens, page_table=call.page_table,
-            cu_seqlens_q=call.cu_seqlens_q, max_seqlen_q=call.max_seqlen_q,
-            softmax_scale=layer.scaling, causal=call.causal, window_size=window,
-            return_softmax_lse=lse,
-        )
+        with cuda_device_scope(self.ctx.device):
+            result = self.kernels.flash_attn_with_kvcache(
+                q, k.view(-1, page, *k.shape[1:]), v.view(-1, page, *v.shape[1:]),
+                cache_seqlens=call.cache_seqlens, page_table=call.page_table,
+                cu_seqlens_q=call.cu_seqlens_q, max_seqlen_q=call.max_seqlen_q,
+                softmax_scale=layer.scaling, causal=call.causal, window_size=window,
+                return_softmax_lse=lse,
+            )
         if lse:
             return result[0], result[1]
         return result
 
     def _metadata(self, fb: ForwardBatch, *, decode: bool) -> Fa3Metadata:
-        meta = fb.attn_metadata
-        if not isinstance(meta, Fa3Metadata):
-            raise RuntimeError(
-                "attention backend 'fa3' found no metadata of its own on the batch: call "
-                "init_forward_metadata(forward_batch) once before the layers run"
-            )
-        if meta.is_decode != decode:
-            built = "decode" if meta.is_decode else "extend"
-            raise RuntimeError(f"batch metadata was built for {built} but the {fb.mode.value} "
-                               "forward asked for the other; rebuild it after changing the mode")
+        meta = self.own_metadata(fb, Fa3Metadata, decode=decode)
         if meta.table_generation != self.page_table.generation:
             raise RuntimeError(
                 "attention backend 'fa3': this batch's page table was overwritten by a later "

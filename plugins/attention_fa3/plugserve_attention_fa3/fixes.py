@@ -6,12 +6,6 @@ is imported.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from plugserve.attention.base import AttentionContext
-
 # SGLang PR 27360: the per-branch page rows of a topk>1 draft decode were filled with more
 # pages than the step-tight table has columns, and the scatter wrote out of bounds.
 DRAFT_PAGE_SCATTER = "fa3_draft_page_scatter_oob"
@@ -22,11 +16,3 @@ FIX_TOGGLES = {
     "instead of one page per page-sized chunk; with page_size>1 and a partial tail the "
     "scatter writes past the step-tight row (SGLang PR 27360)",
 }
-
-
-def resolve_reverts(ctx: AttentionContext, explicit: Iterable[str] | None) -> frozenset[str]:
-    """The toggles a backend honours: `explicit` when given (tests), else the engine's
-    start-up choice carried by the context (`AttentionContext.revert_fixes`)."""
-    if explicit is not None:
-        return frozenset(explicit)
-    return ctx.revert_fixes

@@ -29,16 +29,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from plugserve.attention.draft_kv import DRAFT_KV_KEYS, DraftKVLists
+from plugserve.attention.paging import (
+    decode_page_lists,
+    indptr_from_lengths,
+    kv_list_page_lists,
+    row_page_lists,
+    window_mask_by_position,
+)
 from plugserve.structs.forward_batch import ForwardBatch
 from plugserve_attention_fa3.page_table import PageTableBuffer
-from plugserve_attention_fa3.pages import (
-    PageEntries,
-    distinct_page_entries,
-    indptr_from_lengths,
-    list_page_entries,
-    row_page_entries,
-)
+from plugserve_attention_fa3.pages import distinct_page_lists
 
 
 @dataclass(eq=False)
@@ -103,11 +103,11 @@ def build_extend_metadata(
     buffer.fit_rows(fb.req_to_token.shape[1], page_size)
     rows = fb.req_pool_indices
     if fb.custom_mask is None:
-        table = buffer.table(row_page_entries(fb.req_to_token, rows, seq_lens, page_size))
+        table = buffer.table(row_page_lists(fb.req_to_token, rows, seq_lens, page_size))
         main = _call(table, seq_lens, ext_lens, causal=True, page_size=page_size,
                      device=device)
         return Fa3Metadata(False, main, table_generation=buffer.generation)
-    table = buffer.table(row_page_entries(fb.req_to_token, rows, prefix_lens, page_size))
+    table = buffer.table(row_page_lists(fb.req_to_token, rows, prefix_lens, page_size))
     main = _call(table, prefix_lens, ext_lens, causal=False, page_size=page_size,
                  device=device)
     blocks = _verify_blocks(fb)
@@ -171,8 +171,7 @@ def windowed_verify_call(blocks: VerifyBlocks, window: int) -> Fa3Call:
     `window_size` cannot express for a tree."""
     allowed = []
     for m, p, q_pos in zip(blocks.masks, blocks.prefix_lens_cpu, blocks.positions, strict=True):
-        k_pos = torch.cat([torch.arange(p, device=q_pos.device), q_pos])
-        allowed.append(m & (k_pos[None, :] > q_pos[:, None] - window))
+        allowed.append(m & window_mask_by_position(p, q_pos, window))
     return slot_list_call(allowed, blocks.slots)
 
 
@@ -200,21 +199,8 @@ def build_decode_metadata(
     """One entry per query. `distinct_pages` is the reverted branch fill (a fix toggle)."""
     device = fb.req_to_token.device
     buffer.fit_rows(fb.req_to_token.shape[1], page_size)
-    lists = DraftKVLists.from_batch(fb)
-    entries: PageEntries
-    if lists is not None:
-        fill = distinct_page_entries if distinct_pages else list_page_entries
-        entries = fill(lists.kv_indptr_cpu(), lists.kv_indices.to(device), page_size)
-    else:
-        if fb.num_tokens != fb.batch_size:
-            raise ValueError(
-                f"{fb.mode.value} batch has {fb.num_tokens} queries for {fb.batch_size} "
-                "requests: a topk>1 draft decode must give each branch its KV list in "
-                f"forward_batch.extra ({', '.join(DRAFT_KV_KEYS)}); see "
-                "plugserve.attention.draft_kv"
-            )
-        entries = row_page_entries(fb.req_to_token, fb.req_pool_indices,
-                                   list(fb.seq_lens_cpu), page_size)
+    fill = distinct_page_lists if distinct_pages else kv_list_page_lists
+    entries = decode_page_lists(fb, page_size, list_pager=fill)  # branch lists or rows
     table = buffer.table(entries)
     main = _call(table, entries.kv_lens_cpu, [1] * len(entries.kv_lens_cpu), causal=True,
                  page_size=page_size, device=device)

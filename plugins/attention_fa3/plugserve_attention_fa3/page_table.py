@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from plugserve_attention_fa3.pages import PageEntries, pages_for
+from plugserve.attention.paging import PageLists, pages_for
 
 
 class PageTableOverflow(RuntimeError):
@@ -36,7 +36,7 @@ class PageTableBuffer:
             self.flat = torch.zeros(self.max_rows * pages, dtype=torch.int32,
                                     device=self.device)
 
-    def table(self, entries: PageEntries) -> torch.Tensor:
+    def table(self, entries: PageLists) -> torch.Tensor:
         """Scatter `entries` into the buffer; returns the int32 `[rows, width]` view."""
         rows = len(entries.kv_lens_cpu)
         width = max(entries.width, 1)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,11 @@ for path in (_HERE.parent, _HERE):  # run from a checkout without installing the
         sys.path.insert(0, str(path))
 
 from plugserve.testing.paged_cases import Cases  # noqa: E402
+from plugserve.testing.wheels import WheelUnavailable, cached_from_wheel, member  # noqa: E402
+from plugserve_attention_fa3.environment import (  # noqa: E402
+    PINNED_SGL_KERNEL,
+    undefined_symbols,
+)
 
 
 def _fa3_installed() -> bool:
@@ -50,3 +58,29 @@ def cases(request: pytest.FixtureRequest) -> Cases:
 @pytest.fixture
 def gpu_cases(request: pytest.FixtureRequest) -> Cases:
     return Cases(torch.device("cuda"), sum(map(ord, request.node.name)) % 10_000)
+
+
+# --- files of the pinned sgl-kernel wheel (API and ABI checks), fetched once and cached -------
+
+
+def _flash_ops_symbols(wheel: zipfile.ZipFile) -> bytes:
+    """The mangled symbols `sgl_kernel/flash_ops*.so` needs (the 850 MB library is not kept)."""
+    name = next(n for n in wheel.namelist() if n.startswith("sgl_kernel/flash_ops"))
+    with tempfile.TemporaryDirectory() as tmp:
+        return "\n".join(sorted(undefined_symbols(Path(wheel.extract(name, tmp))))).encode()
+
+
+def _sgl_kernel_file(name: str) -> Path:
+    try:
+        return cached_from_wheel("sgl-kernel", PINNED_SGL_KERNEL, {
+            "flash_ops.undefined": _flash_ops_symbols,
+            "flash_attn.py": member("sgl_kernel/flash_attn.py"),
+        })[name]
+    except WheelUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def sgl_kernel_file() -> Callable[[str], Path]:
+    """`sgl_kernel_file(name)`: a cached file of the pinned sgl-kernel wheel (skips without)."""
+    return _sgl_kernel_file

@@ -5,14 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from plugserve.attention.paging import kv_list_page_lists
 from plugserve.testing.paged_cases import Cases, Shape
 from plugserve_attention_fa3.metadata import build_decode_metadata, build_extend_metadata
 from plugserve_attention_fa3.page_table import PageTableBuffer, PageTableOverflow
-from plugserve_attention_fa3.pages import (
-    distinct_page_entries,
-    list_page_entries,
-    row_page_entries,
-)
+from plugserve_attention_fa3.pages import distinct_page_lists
 
 CPU = torch.device("cpu")
 
@@ -25,22 +22,8 @@ def _buffer(max_rows: int = 8) -> PageTableBuffer:
     return PageTableBuffer(max_rows=max_rows, device=CPU)
 
 
-def test_row_entries_are_one_page_per_chunk() -> None:
-    table = torch.zeros(3, 12, dtype=torch.int64)
-    table[1, :6] = torch.tensor([28, 29, 30, 31, 8, 9])  # pages 7 then 2
-    entries = row_page_entries(table, torch.tensor([1, 2]), [6, 0], 4)
-    assert entries.owner.tolist() == [0, 0] and entries.column.tolist() == [0, 1]
-    assert entries.page_ids.tolist() == [7, 2] and entries.width == 2
-
-
-def test_branch_row_takes_the_branch_page_not_the_prefix_tail() -> None:
-    entries = list_page_entries([0, 7], BRANCH, 4)
-    assert entries.page_ids.tolist() == [0, 9]
-    assert entries.column.tolist() == [0, 1] and entries.width == 2
-
-
 def test_the_reverted_fill_needs_a_column_more_than_the_row_has() -> None:
-    entries = distinct_page_entries([0, 7], BRANCH, 4)
+    entries = distinct_page_lists([0, 7], BRANCH, 4)
     assert entries.page_ids.tolist() == [0, 3, 9]
     assert entries.column.tolist() == [0, 1, 2]
     assert entries.width == 2  # the step-tight row: column 2 lands in the next row
@@ -50,12 +33,12 @@ def test_scatter_past_the_row_lands_in_the_next_row() -> None:
     buffer = _buffer(max_rows=3)
     buffer.fit_rows(8, 4)
     two = torch.cat([BRANCH, BRANCH + 64])  # a second, identical-looking branch list
-    table = buffer.table(distinct_page_entries([0, 7, 14], two, 4))
+    table = buffer.table(distinct_page_lists([0, 7, 14], two, 4))
     assert table.shape == (2, 2)
     # Row 0 got the original tail page where its branch page belongs, and its third page
     # spilled into row 1's first column (which row 1 then wrote again).
     assert table[0].tolist() == [0, 3]
-    fixed = buffer.table(list_page_entries([0, 7, 14], two, 4))
+    fixed = buffer.table(kv_list_page_lists([0, 7, 14], two, 4))
     assert fixed.tolist() == [[0, 9], [16, 25]]
 
 
@@ -64,7 +47,7 @@ def test_page_table_overflow_names_the_sizes() -> None:
     buffer.fit_rows(4, 4)
     with pytest.raises(PageTableOverflow, match="2 rows x 1 pages does not fit the buffer of "
                        "1 rows x 1 pages"):
-        buffer.table(list_page_entries([0, 1, 2], torch.tensor([4, 8]), 4))
+        buffer.table(kv_list_page_lists([0, 1, 2], torch.tensor([4, 8]), 4))
 
 
 def test_causal_extend_call(cases: Cases) -> None:

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from plugserve.registry import PAGE_TREE_WHITELIST
+from plugserve.attention.capabilities import gpu_verification_note
+from plugserve.attention.whitelist import whitelisted_for_page_tree
 from plugserve.testing.paged_cases import Shape
 from plugserve_attention_fa3 import capabilities, plugin
 from plugserve_attention_fa3.backend import FA3AttentionBackend
+from plugserve_attention_fa3.environment import unavailable_reason
 from plugserve_attention_fa3.fixes import DRAFT_PAGE_SCATTER
 
 PLUGIN_ROOT = Path(__file__).resolve().parents[1]
@@ -23,22 +25,24 @@ PLUGIN_ROOT = Path(__file__).resolve().parents[1]
 def test_hook_registers_the_backend_with_its_capabilities() -> None:
     calls = []
     plugin.plugserve_register_attention_backends(
-        lambda name, loader, caps, description="": calls.append((name, caps, description)))
+        lambda name, loader, caps, description="", availability=None: calls.append(
+            (name, caps, description, availability)))
     assert len(calls) == 1
-    name, caps, description = calls[0]
+    name, caps, description, availability = calls[0]
+    assert availability is unavailable_reason
     assert name == "fa3" and caps is capabilities.CAPABILITIES and description
     assert caps.devices == frozenset({"cuda"})
     assert caps.dtypes == frozenset({"bfloat16", "float16"})
     assert caps.custom_mask and caps.topk_gt1 and caps.sliding_window
-    assert "fa3" in PAGE_TREE_WHITELIST
+    assert whitelisted_for_page_tree("plugserve-attention-fa3", "fa3")
 
 
 def test_not_verified_until_a_gpu_run_says_so() -> None:
     assert capabilities.VERIFIED_ON is None
     assert capabilities.CAPABILITIES.notes[0] == (
         "not verified on a GPU yet: run `plugserve conformance --attention fa3 --device cuda`")
-    assert capabilities.verification_note("H200, 2026-11-23, conformance suite passed") == (
-        "verified on a GPU: H200, 2026-11-23, conformance suite passed")
+    assert gpu_verification_note("fa3", "H200, 2026-11-23, conformance") == (
+        "verified on a GPU: H200, 2026-11-23, conformance")
 
 
 def test_hook_registers_the_fix_toggle() -> None:

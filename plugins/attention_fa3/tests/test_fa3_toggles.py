@@ -20,7 +20,7 @@ from plugserve.testing.paged_cases import TOLERANCE, Cases, Shape, max_error, na
 from plugserve_attention_fa3 import reference
 from plugserve_attention_fa3.backend import FA3AttentionBackend
 from plugserve_attention_fa3.fixes import DRAFT_PAGE_SCATTER
-from plugserve_attention_fa3.pages import distinct_page_entries
+from plugserve_attention_fa3.pages import distinct_page_lists
 
 TOPK = 4
 PREFIXES = [6, 13, 23]  # tails of 2, 1 and 3 tokens on pages of 4
@@ -53,7 +53,7 @@ def test_reverted_scatter_writes_past_the_step_tight_row(cases: Cases) -> None:
     fb = cases.draft_decode(Shape(4), PREFIXES, topk=TOPK, step=1, num_steps=3, lists="core")
     lists = DraftKVLists.from_batch(fb)
     assert lists is not None
-    entries = distinct_page_entries(lists.kv_indptr_cpu(), lists.kv_indices, 4)
+    entries = distinct_page_lists(lists.kv_indptr_cpu(), lists.kv_indices, 4)
     assert int(entries.column.max()) >= entries.width
 
 

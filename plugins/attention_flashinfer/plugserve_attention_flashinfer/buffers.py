@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from plugserve_attention_flashinfer.pages import pages_for
+from plugserve.attention.paging import pages_for
 
 
 class IndexBufferOverflow(RuntimeError):

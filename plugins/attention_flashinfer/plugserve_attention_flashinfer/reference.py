@@ -16,6 +16,14 @@ compute attention the way FlashInfer documents it, from those tensors alone:
 
 Arguments a real kernel would read out of bounds are refused with a ValueError. Math runs in
 float32; the output has q's dtype. Slow (a loop over entries): for tests only.
+
+The prefill wrapper also models how FlashInfer 0.7.2 picks its implementation (`backend`,
+default "auto"): an `auto` wrapper resolves at its *first* `plan()` and keeps that choice
+(`prefill.py`: `if self._backend == "auto": self._backend = determine_attention_backend(...)`);
+`determine_attention_backend` (`utils.py`) picks "fa3" on an sm90 GPU when there is no custom
+mask, the dtypes are not fp8/fp4 and the head dim is 64, 128 or 256, else "fa2"; the SM90
+kernel refuses a custom mask at `run()` (`batch_prefill_sm90.cu`). `SIMULATED_SM90` says
+whether the simulated GPU is an sm90 one.
 """
 
 from __future__ import annotations
@@ -26,6 +34,24 @@ from typing import Any
 import torch
 
 WORKSPACE_BYTES = 16  # the interpreter needs no workspace; the backend asks how much to allocate
+
+SIMULATED_SM90 = False  # tests set it to model an H100/H200
+FA3_PREFILL_HEAD_DIMS = (64, 128, 256)  # utils.is_fa3_prefill_head_dim_supported (qk == vo)
+_FA3_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def determine_attention_backend(
+    sm90: bool, use_custom_mask: bool, dtype_q: torch.dtype, dtype_kv: torch.dtype,
+    head_dim: int,
+) -> str:
+    """FlashInfer's `auto` choice for a prefill plan (see the module docstring)."""
+    fa3_ok = (not use_custom_mask and dtype_q in _FA3_DTYPES and dtype_kv in _FA3_DTYPES
+              and head_dim in FA3_PREFILL_HEAD_DIMS)
+    return "fa3" if sm90 and fa3_ok else "fa2"
+
+
+class MaskedFa3Error(RuntimeError):
+    """The SM90 (fa3) prefill kernel was launched with a custom mask, which it refuses."""
 
 
 def _host(t: torch.Tensor, name: str) -> list[int]:
@@ -116,21 +142,29 @@ def _split_cache(paged_kv_cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 class BatchPrefillWithPagedKVCacheWrapper:
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
-                 **_: Any) -> None:
+                 backend: str = "auto", **_: Any) -> None:
         if kv_layout != "NHD":
             raise ValueError(f"the interpreter reads the NHD layout only, not {kv_layout!r}")
+        if backend not in ("auto", "fa2", "fa3"):
+            raise ValueError(f"the interpreter models backends auto, fa2 and fa3, not {backend!r}")
         self._plan: _PagedPlan | None = None
+        self.backend = backend
 
     def plan(
         self, qo_indptr: torch.Tensor, paged_kv_indptr: torch.Tensor,
         paged_kv_indices: torch.Tensor, paged_kv_last_page_len: torch.Tensor,
         num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, page_size: int, *,
         custom_mask: torch.Tensor | None = None, causal: bool = False, window_left: int = -1,
-        sm_scale: float | None = None, **_: Any,
+        sm_scale: float | None = None, q_data_type: torch.dtype = torch.float16,
+        kv_data_type: torch.dtype | None = None, **_: Any,
     ) -> None:
         plan = _PagedPlan(paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
                           num_qo_heads, num_kv_heads, head_dim_qk, page_size, window_left,
                           sm_scale)
+        if self.backend == "auto":  # resolved once, at the first plan, and kept
+            self.backend = determine_attention_backend(
+                SIMULATED_SM90, custom_mask is not None, q_data_type,
+                kv_data_type or q_data_type, head_dim_qk)
         self.qo_indptr = _host(qo_indptr, "qo_indptr")
         if len(self.qo_indptr) != len(plan.kv_lens) + 1 or self.qo_indptr[0] != 0:
             raise ValueError(f"qo_indptr {self.qo_indptr} does not match "
@@ -151,6 +185,9 @@ class BatchPrefillWithPagedKVCacheWrapper:
         plan = self._plan
         if plan is None:
             raise RuntimeError("run() before plan()")
+        if self.backend == "fa3" and self.masks is not None:
+            raise MaskedFa3Error("BatchPrefillWithPagedKVCacheWrapper planned a custom mask on "
+                                 "its fa3 (SM90) backend, which FlashInfer refuses at run()")
         k_cache, v_cache = _split_cache(paged_kv_cache)
         if q.shape[0] != self.qo_indptr[-1]:
             raise ValueError(f"q has {q.shape[0]} rows but qo_indptr ends at "

@@ -3,7 +3,7 @@
 Every case builds the metadata exactly as on CUDA, plans the wrappers and runs them; only the
 kernels are the interpreter of `reference.py`. Random paged caches with shuffled pages:
 extend with cached prefixes, mixed lengths, sliding windows, tree-verify masks (a tree's
-window counts token positions, see `tree_window`), decode, and topk>1 draft decode in the
+window counts token positions), decode, and topk>1 draft decode in the
 holey layout at page sizes 1, 4 and 16.
 """
 

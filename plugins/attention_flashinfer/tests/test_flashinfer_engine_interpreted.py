@@ -30,8 +30,11 @@ PROMPTS.append([*PROMPTS[2][:30], 9, 8, 7])  # shares a cached prefix with promp
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
 
 
-def _interpreted(ctx: AttentionContext) -> FlashInferAttentionBackend:
-    return FlashInferAttentionBackend(ctx, kernels=reference)
+class _Interpreted(FlashInferAttentionBackend):
+    """The backend as the engine builds it (`cls(ctx)`), with the CPU interpreter as kernels."""
+
+    def __init__(self, ctx: AttentionContext) -> None:
+        super().__init__(ctx, kernels=reference)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ class TestInterpretedEngine(EngineTest):
         caps = dataclasses.replace(entry.capabilities, devices=frozenset({"cpu"}),
                                    dtypes=frozenset({"float32"}))
         monkeypatch.setattr(entry, "capabilities", caps)
-        monkeypatch.setattr(entry, "load", lambda: _interpreted)
+        monkeypatch.setattr(entry, "load", lambda: _Interpreted)
 
     def _generate(self, model: Path, **overrides: Any) -> list[list[int]]:
         with self.engine(model=str(model), dtype="float32", **overrides) as engine:

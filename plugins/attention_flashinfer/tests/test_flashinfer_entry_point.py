@@ -12,7 +12,8 @@ import torch
 
 from plugserve.config import EngineConfig
 from plugserve.plugins import PluginHost, get_plugin_host
-from plugserve.registry import EntryLoadError, validate_config
+from plugserve.registry import EntryLoadError
+from plugserve.validation import validate_config
 
 INSTALL = "pip install --no-deps -e plugins/attention_flashinfer"
 

@@ -10,37 +10,12 @@ from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
 from plugserve.testing.paged_cases import Cases, Shape
 from plugserve_attention_flashinfer.buffers import IndexBufferOverflow, PageIndexBuffer
 from plugserve_attention_flashinfer.metadata import build_decode_metadata, build_extend_metadata
-from plugserve_attention_flashinfer.pages import list_pages, row_pages
 
 CPU = torch.device("cpu")
 
 
 def _buffer(max_lists: int = 8) -> PageIndexBuffer:
     return PageIndexBuffer(max_lists=max_lists, device=CPU, sizing="test")
-
-
-def test_row_pages_name_each_chunk_and_the_last_page_length() -> None:
-    table = torch.zeros(3, 12, dtype=torch.int64)
-    table[1, :6] = torch.tensor([28, 29, 30, 31, 8, 9])  # pages 7 then 2 (page size 4)
-    table[2, :4] = torch.tensor([20, 21, 22, 23])  # page 5, exactly full
-    pages = row_pages(table, torch.tensor([1, 2]), [6, 4], 4)
-    assert pages.page_ids.tolist() == [7, 2, 5]
-    assert pages.page_indptr_cpu == [0, 2, 3]
-    assert pages.last_page_lens_cpu == [2, 4]
-
-
-def test_branch_list_takes_the_branch_page_not_the_prefix_tail() -> None:
-    # prefix 6 (page 4: base 4, tail 2): list = prefix pages' slots, the original tail
-    # slots (page 3), then the branch's draft at offset 2 of its own page 9.
-    slots = torch.tensor([0, 1, 2, 3, 12, 13, 38])
-    pages = list_pages([0, 7], slots, 4)
-    assert pages.page_ids.tolist() == [0, 9]
-    assert pages.last_page_lens_cpu == [3]
-
-
-def test_every_list_needs_a_token() -> None:
-    with pytest.raises(ValueError, match="at least one token"):
-        list_pages([0, 2, 2], torch.tensor([4, 5]), 4)
 
 
 def test_extend_metadata_matches_the_batch(cases: Cases) -> None:

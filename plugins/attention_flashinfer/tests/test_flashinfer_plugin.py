@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from plugserve.registry import PAGE_TREE_WHITELIST
+from plugserve.attention.capabilities import gpu_verification_note
+from plugserve.attention.whitelist import whitelisted_for_page_tree
 from plugserve.testing.paged_cases import Shape
 from plugserve_attention_flashinfer import capabilities, plugin
 from plugserve_attention_flashinfer.backend import FlashInferAttentionBackend
-from plugserve_attention_flashinfer.fixes import DRAFT_INDICES_TOPK_FACTOR
+from plugserve_attention_flashinfer.environment import unavailable_reason
+from plugserve_attention_flashinfer.fixes import DRAFT_INDICES_TOPK_FACTOR, SHARED_PREFILL_WRAPPER
 
 PLUGIN_ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,13 +25,16 @@ PLUGIN_ROOT = Path(__file__).resolve().parents[1]
 def test_hook_registers_the_backend_with_its_capabilities() -> None:
     calls = []
     plugin.plugserve_register_attention_backends(
-        lambda name, loader, caps, description="": calls.append((name, caps, description)))
+        lambda name, loader, caps, description="", availability=None: calls.append(
+            (name, caps, description, availability)))
     assert len(calls) == 1
-    name, caps, description = calls[0]
+    name, caps, description, availability = calls[0]
     assert name == "flashinfer" and caps is capabilities.CAPABILITIES and description
+    assert availability is unavailable_reason
     assert caps.devices == frozenset({"cuda"})
     assert caps.custom_mask and caps.topk_gt1 and caps.sliding_window
-    assert "flashinfer" in PAGE_TREE_WHITELIST
+    assert not caps.swa_slot_translation  # one plain pool with a window mask
+    assert whitelisted_for_page_tree("plugserve-attention-flashinfer", "flashinfer")
 
 
 def test_not_verified_until_a_gpu_run_says_so() -> None:
@@ -37,14 +42,14 @@ def test_not_verified_until_a_gpu_run_says_so() -> None:
     assert capabilities.CAPABILITIES.notes[0] == (
         "not verified on a GPU yet: run "
         "`plugserve conformance --attention flashinfer --device cuda`")
-    assert capabilities.verification_note("H200, 2026-11-23, conformance suite passed") == (
-        "verified on a GPU: H200, 2026-11-23, conformance suite passed")
+    assert gpu_verification_note("flashinfer", "H200, 2026-11-23, conformance") == (
+        "verified on a GPU: H200, 2026-11-23, conformance")
 
 
-def test_hook_registers_the_fix_toggle() -> None:
+def test_hook_registers_the_fix_toggles() -> None:
     names = []
     plugin.plugserve_register_fix_toggles(lambda name, description: names.append(name))
-    assert names == [DRAFT_INDICES_TOPK_FACTOR]
+    assert names == [DRAFT_INDICES_TOPK_FACTOR, SHARED_PREFILL_WRAPPER]
 
 
 def test_importing_the_plugin_and_backend_imports_no_flashinfer() -> None:

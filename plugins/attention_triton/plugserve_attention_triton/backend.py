@@ -3,7 +3,8 @@
 `init_forward_metadata` builds a `TritonAttnMetadata` once per batch (plain torch, see
 `metadata`); every layer then runs one extend kernel or the two decode kernels over it.
 Building the backend prepares the Triton runtime for the engine's device (on CPU it turns the
-interpreter on if `TRITON_INTERPRET` is unset), then imports the kernels.
+interpreter on if `TRITON_INTERPRET` is unset), then imports the kernels; on CUDA it compiles
+the kernels the model will launch (`kernels.warmup`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,18 @@ from types import ModuleType
 
 import torch
 
-from plugserve.attention.base import AttentionBackend, AttentionContext, AttentionLayer
-from plugserve.attention.draft_kv import DRAFT_KV_KEYS, DraftKVLists
+from plugserve.attention.base import (
+    AttentionBackend,
+    AttentionContext,
+    AttentionLayer,
+    cuda_device_scope,
+)
+from plugserve.attention.paging import decode_slot_lists
 from plugserve.structs.forward_batch import ForwardBatch
 from plugserve_attention_triton.metadata import (
     TritonAttnMetadata,
     build_decode_metadata,
     build_extend_metadata,
-    build_request_decode_metadata,
 )
 from plugserve_attention_triton.runtime import prepare_triton_runtime
 
@@ -33,9 +38,6 @@ CPU_MIN_TOKENS_PER_SPLIT = 256
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
-    # Windowed layers of a hybrid pool read their own buffer: the batch's KV index table is
-    # translated once per batch (see `init_forward_metadata`).
-    swa_slot_translation = True
 
     def __init__(
         self,
@@ -45,17 +47,19 @@ class TritonAttentionBackend(AttentionBackend):
         min_tokens_per_split: int | None = None,
     ) -> None:
         super().__init__(ctx)
-        if ctx.num_kv_heads < 1 or ctx.num_heads % ctx.num_kv_heads != 0:
-            raise ValueError(
-                f"attention backend 'triton' needs num_heads ({ctx.num_heads}) to be a "
-                f"multiple of num_kv_heads ({ctx.num_kv_heads})"
-            )
+        self.refuse_invalid(ctx)
         self._kernels: ModuleType = prepare_triton_runtime(ctx.device)
         on_cuda = torch.device(ctx.device).type == "cuda"
         self.max_kv_splits = max_kv_splits or (CUDA_MAX_KV_SPLITS if on_cuda else CPU_MAX_KV_SPLITS)
         self.min_tokens_per_split = min_tokens_per_split or (
             CUDA_MIN_TOKENS_PER_SPLIT if on_cuda else CPU_MIN_TOKENS_PER_SPLIT
         )
+        if on_cuda and not self.interpreted:
+            # Compile every kernel this model can launch now rather than at its first batches.
+            self._kernels.warm_up(
+                num_heads=ctx.num_heads, num_kv_heads=ctx.num_kv_heads, head_dim=ctx.head_dim,
+                dtype=ctx.dtype, device=ctx.device, max_kv_splits=self.max_kv_splits,
+            )
 
     @property
     def interpreted(self) -> bool:
@@ -64,7 +68,8 @@ class TritonAttentionBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
-        self._build_metadata(fb)
+        with cuda_device_scope(self.ctx.device):
+            self._build_metadata(fb)
         pool = fb.kv_pool
         # getattr: a pool-like test double may predate the SWA translation interface.
         is_windowed = getattr(pool, "is_windowed", None)
@@ -82,24 +87,10 @@ class TritonAttentionBackend(AttentionBackend):
         if not fb.mode.is_decode():
             fb.attn_metadata = build_extend_metadata(fb)
             return
-        lists = DraftKVLists.from_batch(fb)
-        if lists is not None:
-            fb.attn_metadata = build_decode_metadata(
-                kv_indptr_cpu=lists.kv_indptr_cpu(),
-                kv_indices=lists.kv_indices,
-                max_kv_splits=self.max_kv_splits,
-                min_tokens_per_split=self.min_tokens_per_split,
-            )
-            return
-        if fb.num_tokens != fb.batch_size:
-            raise ValueError(
-                f"{fb.mode.value} batch has {fb.num_tokens} queries for {fb.batch_size} "
-                "requests: a topk>1 draft decode must give each branch its KV list in "
-                f"forward_batch.extra ({', '.join(DRAFT_KV_KEYS)}); see "
-                "plugserve.attention.draft_kv"
-            )
-        fb.attn_metadata = build_request_decode_metadata(
-            fb, max_kv_splits=self.max_kv_splits, min_tokens_per_split=self.min_tokens_per_split
+        kv_indptr_cpu, kv_indices = decode_slot_lists(fb)  # branch lists or request rows
+        fb.attn_metadata = build_decode_metadata(
+            kv_indptr_cpu=kv_indptr_cpu, kv_indices=kv_indices,
+            max_kv_splits=self.max_kv_splits, min_tokens_per_split=self.min_tokens_per_split,
         )
 
     def forward_extend(
@@ -107,37 +98,27 @@ class TritonAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         meta = self._metadata(forward_batch, decode=False, layer=layer)
         k_buffer, v_buffer = self._buffers(layer, forward_batch)
-        return self._kernels.extend_attention(
-            _rows_contiguous(q), k_buffer, v_buffer, meta,
-            scaling=layer.scaling, sliding_window=_window(layer),
-        )
+        with cuda_device_scope(self.ctx.device):  # Triton launches on the current device
+            return self._kernels.extend_attention(
+                _rows_contiguous(q), k_buffer, v_buffer, meta,
+                scaling=layer.scaling, sliding_window=_window(layer),
+            )
 
     def forward_decode(
         self, q: torch.Tensor, layer: AttentionLayer, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         meta = self._metadata(forward_batch, decode=True, layer=layer)
         k_buffer, v_buffer = self._buffers(layer, forward_batch)
-        return self._kernels.decode_attention(
-            _rows_contiguous(q), k_buffer, v_buffer, meta,
-            scaling=layer.scaling, sliding_window=_window(layer),
-        )
+        with cuda_device_scope(self.ctx.device):  # Triton launches on the current device
+            return self._kernels.decode_attention(
+                _rows_contiguous(q), k_buffer, v_buffer, meta,
+                scaling=layer.scaling, sliding_window=_window(layer),
+            )
 
-    @staticmethod
     def _metadata(
-        fb: ForwardBatch, *, decode: bool, layer: AttentionLayer | None = None
+        self, fb: ForwardBatch, *, decode: bool, layer: AttentionLayer | None = None
     ) -> TritonAttnMetadata:
-        meta = fb.attn_metadata
-        if not isinstance(meta, TritonAttnMetadata):
-            raise RuntimeError(
-                "attention backend 'triton' found no metadata of its own on the batch: call "
-                "init_forward_metadata(forward_batch) once before the layers run"
-            )
-        if meta.is_decode != decode:
-            built = "decode" if meta.is_decode else "extend"
-            raise RuntimeError(
-                f"batch metadata was built for {built} but the {fb.mode.value} forward asked "
-                f"for {'decode' if decode else 'extend'}; rebuild it after changing the mode"
-            )
+        meta = self.own_metadata(fb, TritonAttnMetadata, decode=decode)
         if layer is not None and meta.windowed is not None and fb.kv_pool.is_windowed(
             layer.layer_id
         ):

@@ -11,6 +11,9 @@ TRITON_CAPABILITIES = BackendCapabilities(
     custom_mask=True,
     topk_gt1=True,
     sliding_window=True,
+    # Windowed layers of a hybrid pool read their own buffer: the batch's KV index table is
+    # translated once per batch (backend `init_forward_metadata`).
+    swa_slot_translation=True,
     notes=(
         "cpu runs the kernels in the Triton interpreter (TRITON_INTERPRET=1, set "
         "automatically when unset): exact but slow, meant for tests",

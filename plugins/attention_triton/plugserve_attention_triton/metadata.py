@@ -28,11 +28,19 @@ launch grids without reading device memory.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate, pairwise
 
 import torch
 
+from plugserve.attention.paging import (
+    fold_window_into_mask,
+    gather_row_slots,
+    indptr_from_lengths,
+    kv_list_lengths,
+)
 from plugserve.structs.forward_batch import ForwardBatch
+
+__all__ = ["TritonAttnMetadata", "build_decode_metadata", "build_extend_metadata",
+           "gather_row_slots", "indptr_from_lengths", "kv_split_counts", "window_folded_mask"]
 
 
 @dataclass
@@ -82,29 +90,6 @@ class TritonAttnMetadata:
             partial_lse = torch.empty(shape, dtype=torch.float32, device=device)
             self._scratch[key] = (partial_out, partial_lse)
         return self._scratch[key]
-
-
-def indptr_from_lengths(lengths: list[int]) -> list[int]:
-    """[3, 1, 2] -> [0, 3, 4, 6]."""
-    return [0, *accumulate(lengths)]
-
-
-def gather_row_slots(
-    req_to_token: torch.Tensor, rows: torch.Tensor, lengths_cpu: list[int]
-) -> torch.Tensor:
-    """Concatenate `req_to_token[rows[i], :lengths_cpu[i]]` over i, without a device sync."""
-    device = req_to_token.device
-    total = sum(lengths_cpu)
-    if total == 0:
-        return torch.zeros(0, dtype=torch.int64, device=device)
-    lengths = torch.tensor(lengths_cpu, dtype=torch.int64).to(device, non_blocking=True)
-    starts = torch.tensor(indptr_from_lengths(lengths_cpu)[:-1], dtype=torch.int64)
-    starts = starts.to(device, non_blocking=True)
-    segment = torch.repeat_interleave(
-        torch.arange(len(lengths_cpu), device=device), lengths, output_size=total
-    )
-    position = torch.arange(total, device=device) - starts[segment]
-    return req_to_token[rows.to(device)[segment], position].to(torch.int64)
 
 
 def kv_split_counts(kv_lens: list[int], max_kv_splits: int, min_tokens_per_split: int) -> list[int]:
@@ -167,16 +152,9 @@ def window_folded_mask(meta: TritonAttnMetadata, window: int) -> torch.Tensor:
     if cached is not None:
         return cached
     assert meta.custom_mask is not None and meta.query_positions is not None
-    parts: list[torch.Tensor] = []
-    q_begin = 0
-    device = meta.custom_mask.device
-    for prefix, ext in zip(meta.first_query_pos_cpu, meta.queries_per_segment_cpu, strict=True):
-        q_pos = meta.query_positions[q_begin : q_begin + ext].to(torch.int64)
-        k_pos = torch.cat([torch.arange(prefix, device=device), q_pos])
-        parts.append((k_pos[None, :] > q_pos[:, None] - window).reshape(-1))
-        q_begin += ext
-    inside = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool, device=device)
-    folded = (meta.custom_mask != 0) & inside
+    folded = fold_window_into_mask(meta.custom_mask, meta.query_positions,
+                                   meta.first_query_pos_cpu, meta.queries_per_segment_cpu,
+                                   window)
     meta._window_masks[window] = folded.to(torch.uint8)
     return meta._window_masks[window]
 
@@ -190,9 +168,7 @@ def build_decode_metadata(
 ) -> TritonAttnMetadata:
     """One segment per query, whose KV list is `kv_indices[kv_indptr[q]:kv_indptr[q+1]]`."""
     device = kv_indices.device
-    kv_lens = [b - a for a, b in pairwise(kv_indptr_cpu)]
-    if any(n < 1 for n in kv_lens):
-        raise ValueError(f"every decode query needs at least one KV token; lengths: {kv_lens}")
+    kv_lens = kv_list_lengths(kv_indptr_cpu)
     num_queries = len(kv_lens)
     splits = kv_split_counts(kv_lens, max_kv_splits, min_tokens_per_split)
     first_pos = [n - 1 for n in kv_lens]
@@ -208,17 +184,4 @@ def build_decode_metadata(
         first_query_pos_cpu=first_pos,
         num_kv_splits=_tensor(splits, device, torch.int32),
         max_kv_splits=max(splits, default=1),
-    )
-
-
-def build_request_decode_metadata(
-    fb: ForwardBatch, *, max_kv_splits: int, min_tokens_per_split: int
-) -> TritonAttnMetadata:
-    """Decode with one query per request over `req_to_token[row, :seq_len]`."""
-    seq_lens = list(fb.seq_lens_cpu)
-    return build_decode_metadata(
-        kv_indptr_cpu=indptr_from_lengths(seq_lens),
-        kv_indices=gather_row_slots(fb.req_to_token, fb.req_pool_indices, seq_lens),
-        max_kv_splits=max_kv_splits,
-        min_tokens_per_split=min_tokens_per_split,
     )

@@ -82,7 +82,7 @@ def test_decode_metadata_tables():
     assert meta.max_kv_splits == 2
     out, lse = meta.decode_scratch(num_heads=3, head_dim=HEAD_DIM)
     assert out.shape == (2, 3, 2, HEAD_DIM) and lse.shape == (2, 3, 2)
-    with pytest.raises(ValueError, match="at least one KV token"):
+    with pytest.raises(ValueError, match="at least one token"):
         build_decode_metadata(kv_indptr_cpu=[0, 0], kv_indices=indices, max_kv_splits=1,
                               min_tokens_per_split=1)
 

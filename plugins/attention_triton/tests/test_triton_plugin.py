@@ -58,7 +58,8 @@ def test_capabilities_as_data():
     assert caps["sliding_window"]
     # page_size>1 with topk>1 is the whitelist's to decide, not a capability.
     assert "page>1+topk>1" not in caps
-    assert "triton" in PAGE_TREE_WHITELIST
+    assert ("plugserve-attention-triton", "triton") in PAGE_TREE_WHITELIST
+    assert caps["swa_slot_translation"]
 
 
 def test_plugin_module_imports_no_triton():

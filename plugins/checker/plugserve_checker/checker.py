@@ -17,7 +17,11 @@ from plugserve.mem.accounting import PoolTerms
 from plugserve_checker.errors import KVAccountingError, KVLeakError
 from plugserve_checker.physical import check_pages
 from plugserve_checker.plugin import SPEC_TOPK_BUSY_CHECK_SKIP
-from plugserve_checker.terms import committed_lag, freed_flags_disagree
+from plugserve_checker.terms import (
+    committed_lag,
+    freed_flags_disagree,
+    protected_misaligned,
+)
 
 if TYPE_CHECKING:
     from plugserve.config import EngineConfig
@@ -55,6 +59,8 @@ class KVConservationChecker:
             return
         t0 = time.perf_counter()
         reqs = scheduler.counted_reqs()
+        # Before the law: a misaligned protected prefix also unbalances it; name the cause.
+        self._check_protected_aligned(scheduler, reqs)
         self._record(scheduler, "busy", scheduler.kv_terms())
         self._check_committed(scheduler, reqs)
         self._check_freed_flags(scheduler)
@@ -74,16 +80,15 @@ class KVConservationChecker:
         kv = scheduler.kv
         terms = kv.terms([])
         self._record(scheduler, phase, terms)
-        # Only open session slots may keep cache locks at idle (their first turn's prefix).
-        session_locked = kv.sessions.locked_prefix_slots() if kv.sessions is not None else 0
-        # Other pools' locked sizes follow the same nodes; they must be 0 without such locks.
-        locked = [t for t in terms if t.protected != session_locked
-                  and (t.pool == "full" or session_locked == 0)]
-        if locked:
-            self._fail(scheduler, phase, "; ".join(
-                f"pool {t.pool!r}: {t.protected} slots still locked by the cache at {phase} "
-                f"with no request running, {session_locked} of them by open sessions (a lock "
-                "was never released)" for t in locked))
+        # Only open session slots may keep cache locks at idle (their first turn's prefix),
+        # in every pool.
+        for t in terms:
+            session_locked = kv.session_locked_slots(t.pool)
+            if t.protected != session_locked:
+                self._fail(scheduler, phase,
+                           f"pool {t.pool!r}: {t.protected} slots still locked by the cache at "
+                           f"{phase} with no request running, {session_locked} of them by open "
+                           "sessions (a lock was never released)")
         rows_problem = kv.rows_problem()
         if rows_problem is not None:
             self._fail(scheduler, phase, f"{rows_problem} at {phase}")
@@ -102,6 +107,17 @@ class KVConservationChecker:
                     f"from its {req.seq_len} tokens (every token but the last has KV, the last "
                     f"one's is claimed by the forward in flight: "
                     f"{req.pending_forwards} in flight)",
+                )
+
+    def _check_protected_aligned(self, scheduler: Any, reqs: list[Any]) -> None:
+        page = self.config.page_size
+        for req in reqs:
+            if protected_misaligned(req, page):
+                self._fail(
+                    scheduler, "busy",
+                    f"request {req.rid}: cache_protected_len {req.cache_protected_len} is not a "
+                    f"multiple of page_size {page}; the prefix cache must match and lock whole "
+                    "pages only",
                 )
 
     def _check_freed_flags(self, scheduler: Any) -> None:

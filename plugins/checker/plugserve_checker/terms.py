@@ -23,3 +23,9 @@ def freed_flags_disagree(req: Req) -> bool:
     """The seed rule: a release frees the committed KV and the over-allocation together, so
     when a step ends both halves are done or neither is."""
     return req.kv_committed_freed != req.kv_overallocated_freed
+
+
+def protected_misaligned(req: Req, page_size: int) -> bool:
+    """The cache owns whole pages only: a request's cache-protected prefix is page-aligned
+    (a policy that matched an unaligned prefix would share a page the request writes)."""
+    return req.cache_protected_len % page_size != 0

@@ -9,7 +9,7 @@ from importlib.metadata import entry_points
 
 from plugserve.config import EngineConfig
 from plugserve.plugins import PluginHost, get_plugin_host
-from plugserve.registry import validate_config
+from plugserve.validation import validate_config
 
 INSTALL = "pip install --no-deps -e plugins/checker"
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from plugserve.engine import Engine
+from plugserve.mem.manager import KVManager
 from plugserve.sampling import SamplingParams
-from plugserve.sched import decode
 from plugserve.testing import EngineTest
 from plugserve_checker.errors import KVAccountingError
 
@@ -53,16 +53,15 @@ class TestBatchIdentity(EngineTest):
 def _overallocating_decode(extra_slots: int) -> Any:
     """Test double for a speculative decoder: each decode reserves `extra_slots` more slots
     than it commits (the over-allocation a draft tree leaves behind)."""
-    original = decode.append_decode
+    original = KVManager.claim_decode
 
-    def append_decode(sched: Any, batch: Any, reqs: list[Any]) -> None:
-        original(sched, batch, reqs)
-        for req in reqs:
-            if req.kv_allocated_len > req.kv_committed_len:
-                continue
-            sched.kv.reserve(req, req.kv_allocated_len + extra_slots)
+    def claim_decode(kv: KVManager, req: Any) -> int:
+        slot = original(kv, req)
+        if req.kv_allocated_len == req.kv_committed_len:
+            kv.reserve(req, req.kv_allocated_len + extra_slots)
+        return slot
 
-    return append_decode
+    return claim_decode
 
 
 class TestFinishOverallocUnaligned(EngineTest):
@@ -72,13 +71,13 @@ class TestFinishOverallocUnaligned(EngineTest):
         engine.generate(_prompts(2, 6), SamplingParams(max_new_tokens=3, ignore_eos=True))
 
     def test_fixed(self, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(decode, "append_decode", _overallocating_decode(6))
+        monkeypatch.setattr(KVManager, "claim_decode", _overallocating_decode(6))
         with self.engine(model=str(tiny_model_dir)) as engine:
             self._run(engine)
             self.assert_idle_memory_whole(engine)
 
     def test_reverted_fails(self, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(decode, "append_decode", _overallocating_decode(6))
+        monkeypatch.setattr(KVManager, "claim_decode", _overallocating_decode(6))
         monkeypatch.setenv("PLUGSERVE_REVERT_FIX", "finish_overalloc_unaligned")
         with self.engine(model=str(tiny_model_dir)) as engine:
             with pytest.raises(KVAccountingError, match="off by \\+"):

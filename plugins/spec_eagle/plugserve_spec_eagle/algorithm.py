@@ -16,6 +16,7 @@ The core owns the slots (see plugserve.mem.spec_accounting) and reserves what
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,6 +65,13 @@ class EagleAlgorithm(SpecAlgorithm):
     @classmethod
     def plan_footprint(cls, config: EngineConfig) -> SpecFootprint:
         return eagle_footprint(config)
+
+    @classmethod
+    def build_test_draft(cls, target_dir: Path, out_dir: Path) -> Path | None:
+        """A tiny EAGLE head trained on the tiny target's greedy output (seconds)."""
+        from plugserve_spec_eagle.testing import make_tiny_head_dir
+
+        return make_tiny_head_dir(target_dir, out_dir, trained=True)
 
     @property
     def kv_pools(self) -> list[KVPool]:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from conftest import NUM_STEPS, PROMPTS, greedy
-from plugserve import registry
+from plugserve.attention import whitelist
 from plugserve.engine import Engine, EngineStartError
 from plugserve.testing import EngineTest
 
@@ -114,9 +114,10 @@ class TestSpecAccounting(EngineTest):
     def test_whitelist_refuses_page_tree_for_other_backends(
         self, target_dir: Path, trained_head_dir: Path, monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        monkeypatch.setattr(registry, "PAGE_TREE_WHITELIST", ("triton",))
-        with pytest.raises(EngineStartError, match=r"attention backend 'torch_native' may not "
-                                                   r"run page_size>1.*allowed backends: triton"):
+        monkeypatch.setattr(whitelist, "PAGE_TREE_WHITELIST",
+                            (("plugserve-attention-triton", "triton"),))
+        with pytest.raises(EngineStartError, match=r"attention backend 'torch_native' \(.*\) "
+                           r"may not run page_size>1.*allowed backends: triton \(plugserve-"):
             self.spec(target_dir, trained_head_dir)
         # topk>1 at page_size 1 is a separate capability: still fine.
         with self.spec(target_dir, trained_head_dir, page_size=1) as engine:

@@ -66,3 +66,51 @@ class TestSpecSessions(EngineTest):
         with pytest.raises(KVAccountingError, match=r"committed \d+ is off by -1"):
             self._turns(target_dir, trained_head_dir, overlap=True, page_size=16, spec_topk=4,
                         spec_draft_tokens=6)
+
+
+class TestSavedLength(EngineTest):
+    """Seed PR 22651 at the save: under the overlap loop a finished turn's committed length,
+    as its session saves it, is the same with EAGLE as without speculation (the round in
+    flight writes the last token's KV, as a plain decode in flight does)."""
+
+    env = {"PLUGSERVE_CACHE": "streaming_session", "PLUGSERVE_OVERLAP": "1"}
+
+    def _saved(self, target: Path, **kw: Any) -> list[tuple[int, int]]:
+        """(saved committed length, session length in tokens) after each turn."""
+        with self.engine(model=str(target), dtype="float32", **kw) as engine:
+            sessions = engine.kv.sessions
+            assert sessions is not None
+            sid = engine.open_session()
+            saved = []
+            for turn in TURNS:
+                engine.generate([turn], greedy(TURN_TOKENS), session_id=sid)
+                slot = sessions.store.get(sid)
+                saved.append((slot.kv_committed_len, len(slot.token_ids)))
+            engine.close_session(sid)
+            self.assert_idle_memory_whole(engine)
+            return saved
+
+    def _eagle(self, target: Path, head: Path) -> list[tuple[int, int]]:
+        return self._saved(target, spec="eagle", draft_model=str(head), spec_steps=NUM_STEPS,
+                           page_size=16, spec_topk=4, spec_draft_tokens=6)
+
+    def test_eagle_saves_what_plain_overlap_saves(self, target_dir: Path,
+                                                  trained_head_dir: Path) -> None:
+        plain = self._saved(target_dir, page_size=16)
+        assert all(committed == length for committed, length in plain)
+        assert self._eagle(target_dir, trained_head_dir) == plain
+
+    def test_bonus_preclaim_reverted_saves_turns_one_short(
+        self, target_dir: Path, trained_head_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        # The checker would stop the first overlapped round (TestSpecSessions shows that);
+        # off here, the save itself shows the old behaviour: a turn whose last round ended
+        # exactly at its last token is saved one token short (a round that accepted past the
+        # turn's end wrote that token's KV anyway).
+        plain = self._saved(target_dir, page_size=16)
+        monkeypatch.setenv("PLUGSERVE_MEM_CHECK", "0")
+        monkeypatch.setenv("PLUGSERVE_REVERT_FIX", "spec_v2_bonus_preclaim")
+        saved = self._eagle(target_dir, trained_head_dir)
+        assert saved != plain
+        assert all(committed in (length - 1, length) for committed, length in saved), saved
+        assert sum(committed == length - 1 for committed, length in saved) >= 2, saved

