@@ -64,6 +64,10 @@ def bench_command(
     page_size: PageSizeOpt = None,
     dtype: DtypeOpt = None,
     kv_cache_dtype: KVCacheDtypeOpt = None,
+    kv_pool_tokens: Annotated[
+        int | None, typer.Option(help="KV slots per pool (tokens); default: sized by the "
+                                 "workload or from the context.")
+    ] = None,
     device: DeviceOpt = None,
     mem_check: MemCheckOpt = None,
     spec: SpecOpt = None,
@@ -244,6 +248,7 @@ def bench_command(
         engine_values: dict[str, Any] = {
             "cache": cache,
             "page_size": page_size,
+            "kv_pool_tokens": kv_pool_tokens,
             "spec": spec,
             "spec_steps": spec_steps,
             "spec_topk": spec_topk,
