@@ -80,9 +80,13 @@ class Engine:
         self.device = torch.device(cfg.device)
         self.dtype = _torch_dtype(cfg.dtype)
         if self.device.type == "cpu":
+            from plugserve.kernels import build as cpu_kernels
             from plugserve.kernels.cpu_malloc import keep_freed_memory
 
             keep_freed_memory()
+            # Compile the CPU kernels now (first start only, with a visible status), never
+            # inside a request.
+            cpu_kernels.prepare()
         loaded = load_model(cfg.model, dtype=self.dtype, device=self.device)
         self.model = loaded.model
         self.arch = loaded.arch

@@ -73,6 +73,12 @@ def _attention_reasons(config: EngineConfig, entry: Entry[Any], sliding_window: 
             f"attention backend {name!r} does not support dtype {config.dtype!r}; "
             f"it supports {sorted(caps.dtypes)}"
         )
+    kv = config.kv_cache_dtype
+    if kv not in caps.kv_cache_dtypes and kv != config.dtype:  # the model's dtype is "auto"
+        reasons.append(
+            f"attention backend {name!r} does not read a {kv!r} KV cache "
+            f"(kv_cache_dtype={kv!r}); it reads {sorted(caps.kv_cache_dtypes)}"
+        )
     if caps.page_sizes is not None and config.page_size not in caps.page_sizes:
         reasons.append(
             f"attention backend {name!r} does not support page_size "

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from plugserve.bench.gemm_peak import gemm_share
 from plugserve.bench.runner import new_report
 
 if TYPE_CHECKING:
@@ -122,7 +123,11 @@ def run_workload(
             engine.generate([[t % vocab for t in warm_prompt]],
                             SamplingParams(max_new_tokens=1, ignore_eos=True))
         measured = runner.measure(engine, "plugserve", work.prompts, params)
-    report["runs"].append({**measured.metrics(), "settings": {}})
+        metrics = measured.metrics()
+        # The workload's share of the machine's GEMM peak, measured now, on this engine.
+        report["gemm"] = gemm_share(engine, [len(p) for p in work.prompts], work.max_new,
+                                    float(metrics["seconds"]))
+    report["runs"].append({**metrics, "settings": {}})
     if comparison is not None:
         from plugserve.bench.hf import add_comparison
 

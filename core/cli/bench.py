@@ -30,6 +30,7 @@ from plugserve.cli.options import (
     DraftModelOpt,
     DtypeOpt,
     JsonOpt,
+    KVCacheDtypeOpt,
     LogLevelOpt,
     MemCheckOpt,
     ModelOpt,
@@ -62,6 +63,11 @@ def bench_command(
     cache: CacheOpt = None,
     page_size: PageSizeOpt = None,
     dtype: DtypeOpt = None,
+    kv_cache_dtype: KVCacheDtypeOpt = None,
+    kv_pool_tokens: Annotated[
+        int | None, typer.Option(help="KV slots per pool (tokens); default: sized by the "
+                                 "workload or from the context.")
+    ] = None,
     device: DeviceOpt = None,
     mem_check: MemCheckOpt = None,
     spec: SpecOpt = None,
@@ -242,6 +248,7 @@ def bench_command(
         engine_values: dict[str, Any] = {
             "cache": cache,
             "page_size": page_size,
+            "kv_pool_tokens": kv_pool_tokens,
             "spec": spec,
             "spec_steps": spec_steps,
             "spec_topk": spec_topk,
@@ -275,6 +282,7 @@ def bench_command(
             model=model,
             attention=attention,
             dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
             device=device,
             mem_check=mem_check,
             draft_model=draft_model,

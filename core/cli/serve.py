@@ -23,6 +23,7 @@ from plugserve.cli.options import (
     DeviceOpt,
     DraftModelOpt,
     DtypeOpt,
+    KVCacheDtypeOpt,
     LogLevelOpt,
     MemCheckOpt,
     ModelOpt,
@@ -75,6 +76,7 @@ def serve_command(
     spec_draft_tokens: SpecDraftTokensOpt = None,
     page_size: PageSizeOpt = None,
     dtype: DtypeOpt = None,
+    kv_cache_dtype: KVCacheDtypeOpt = None,
     device: DeviceOpt = None,
     seed: Annotated[int | None, _int("Engine seed.")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="Tokenizer folder, if not the model's.")
@@ -123,7 +125,8 @@ def serve_command(
         config = engine_config(
             model=model, attention=attention, cache=cache, spec=spec, draft_model=draft_model,
             spec_steps=spec_steps, spec_topk=spec_topk, spec_draft_tokens=spec_draft_tokens,
-            page_size=page_size, dtype=dtype, device=device, seed=seed, tokenizer=tokenizer,
+            page_size=page_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, device=device,
+            seed=seed, tokenizer=tokenizer,
             max_running_requests=max_running_requests, kv_pool_tokens=kv_pool_tokens,
             context_len=context_len, chunked_prefill_size=chunked_prefill_size,
             max_prefill_tokens=max_prefill_tokens, enable_mixed_chunk=enable_mixed_chunk,

@@ -15,6 +15,7 @@ from plugserve.testing.conformance.suite.engine import (
 from plugserve.testing.conformance.suite.kernel import (
     TestKernelDecode,
     TestKernelExtend,
+    TestKernelKVCacheDtype,
     TestKernelSlidingWindow,
     TestKernelSpeculative,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "TestEngineSpeculative",
     "TestKernelDecode",
     "TestKernelExtend",
+    "TestKernelKVCacheDtype",
     "TestKernelSlidingWindow",
     "TestKernelSpeculative",
 ]
