@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from plugserve.attention.capabilities import BackendCapabilities
+from plugserve.grammar.base import GrammarCapabilities
 from plugserve.attention.whitelist import (
     PAGE_TREE_WHITELIST,
     page_tree_whitelist_text,
@@ -211,6 +212,20 @@ class RegisterCachePolicy(Protocol):
     ) -> None: ...
 
 
+class RegisterGrammarBackend(Protocol):
+    def __call__(
+        self,
+        name: str,
+        loader: Callable[[], Any],
+        capabilities: GrammarCapabilities | None = None,
+        description: str = "",
+    ) -> None: ...
+
+
+class RegisterToolParser(Protocol):
+    def __call__(self, name: str, loader: Callable[[], Any], description: str = "") -> None: ...
+
+
 class RegisterInvariantChecker(Protocol):
     def __call__(self, name: str, loader: Callable[[], Any], description: str = "") -> None: ...
 
@@ -225,9 +240,12 @@ class Registries:
     spec: Registry[Any] = field(default_factory=lambda: Registry("speculative algorithm"))
     cache: Registry[Any] = field(default_factory=lambda: Registry("cache policy"))
     checkers: Registry[Any] = field(default_factory=lambda: Registry("invariant checker"))
+    grammar: Registry[Any] = field(default_factory=lambda: Registry("grammar backend"))
+    tool_parsers: Registry[Any] = field(default_factory=lambda: Registry("tool parser"))
 
     def all_entries(self) -> list[Entry[Any]]:
-        return [*self.attention, *self.spec, *self.cache, *self.checkers]
+        return [*self.attention, *self.spec, *self.cache, *self.checkers, *self.grammar,
+                *self.tool_parsers]
 
 
 @dataclass
@@ -288,7 +306,8 @@ class Staging:
                 f"{kind} {name!r}: loader must be a zero-argument callable, got {loader!r}"
             )
         # Attention backends must state their capabilities; the others have safe defaults.
-        if capabilities is None and caps_type in (SpecCapabilities, CachePolicyCapabilities):
+        if capabilities is None and caps_type in (SpecCapabilities, CachePolicyCapabilities,
+                                                  GrammarCapabilities):
             capabilities = caps_type()
         if caps_type is not None and not isinstance(capabilities, caps_type):
             raise RegistryError(

