@@ -11,12 +11,12 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from plugserve.attention.capabilities import BackendCapabilities
-from plugserve.grammar.base import GrammarCapabilities
 from plugserve.attention.whitelist import (
     PAGE_TREE_WHITELIST,
     page_tree_whitelist_text,
     whitelisted_for_page_tree,
 )
+from plugserve.grammar.base import GrammarCapabilities
 
 __all__ = ["PAGE_TREE_WHITELIST", "page_tree_allowed", "page_tree_whitelist_text"]
 

@@ -26,8 +26,8 @@ from plugserve.fixes import FixToggle
 from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.manager import KVManager
 from plugserve.sched.decode import DecodeManager
-from plugserve.sched.prefill import PrefillAdder, PrefillDecision
 from plugserve.sched.grammar_wait import split_waiting, wait_for_compiles
+from plugserve.sched.prefill import PrefillAdder, PrefillDecision
 from plugserve.sched.results import StopRules, process_result
 from plugserve.structs.forward_batch import ForwardMode
 from plugserve.structs.req import Req
