@@ -31,7 +31,7 @@ class GrammarCapabilities:
     kinds: frozenset[str] = field(default_factory=lambda: frozenset(GRAMMAR_KINDS))
     # Its matchers can undo accepted tokens (`rollback`), as speculative decoding needs.
     rollback: bool = False
-    # How many tokens a matcher can roll back at most (with rollback).
+    # How many tokens a matcher can roll back at most (with rollback); 0 = no limit.
     max_rollback_tokens: int = 0
 
     def as_dict(self) -> dict[str, object]:

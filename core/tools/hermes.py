@@ -36,8 +36,8 @@ class HermesToolParser(ToolParser):
         calls = [_call(block) for block in _BLOCK.findall(text)]
         if not calls or any(c is None for c in calls):
             return text, []
-        content = text[:start].strip()
-        return content or None, [c for c in calls if c is not None]
+        content = text[:start]  # as streamed: what came before the first call, unchanged
+        return content if content.strip() else None, [c for c in calls if c is not None]
 
     def parse_partial(self, text: str) -> ToolStreamState:
         start = text.find(OPEN)

@@ -12,7 +12,6 @@ import xgrammar as xgr
 
 from plugserve.grammar import GrammarBackend, GrammarContext, GrammarError, GrammarMatcher
 from plugserve.structured import GrammarSpec
-from plugserve_grammar_xgrammar.plugin import MAX_ROLLBACK_TOKENS
 
 # xgrammar's messages start with "[time] /path/file.cc:line: "; the rest is the reason.
 _LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
@@ -61,8 +60,7 @@ class XGrammarBackend(GrammarBackend):
         raise GrammarError(f"xgrammar cannot compile kind {spec.kind!r}")
 
     def new_matcher(self, compiled: Any) -> GrammarMatcher:
-        matcher: GrammarMatcher = xgr.GrammarMatcher(compiled,
-                                                     max_rollback_tokens=MAX_ROLLBACK_TOKENS)
+        matcher: GrammarMatcher = xgr.GrammarMatcher(compiled)
         return matcher
 
     def apply_masks(self, logits: torch.Tensor, rows: list[int],

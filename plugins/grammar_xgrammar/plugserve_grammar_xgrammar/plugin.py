@@ -9,10 +9,8 @@ from plugserve.hookspecs import hookimpl
 from plugserve.registry import RegisterGrammarBackend
 from plugserve.structured import GRAMMAR_KINDS
 
-# Tokens a matcher can roll back (a speculative round's drafts are at most this many).
-MAX_ROLLBACK_TOKENS = 16
-CAPABILITIES = GrammarCapabilities(kinds=frozenset(GRAMMAR_KINDS), rollback=True,
-                                   max_rollback_tokens=MAX_ROLLBACK_TOKENS)
+# xgrammar 0.2.8 matchers roll back any number of tokens.
+CAPABILITIES = GrammarCapabilities(kinds=frozenset(GRAMMAR_KINDS), rollback=True)
 
 
 def _load() -> Any:
