@@ -32,7 +32,10 @@ def validate_config(
             reasons.append(
                 f"unknown {registry.kind} {name!r}; available: {', '.join(registry.names())}"
             )
-    if "grammar_backend" in config.model_fields_set and config.grammar_backend not in \
+    # The default grammar backend is optional (without it, constrained requests are refused
+    # with the reason); another one named must exist.
+    default_grammar = type(config).model_fields["grammar_backend"].default
+    if config.grammar_backend != default_grammar and config.grammar_backend not in \
             registries.grammar:
         reasons.append(f"unknown grammar backend {config.grammar_backend!r}; available: "
                        f"{', '.join(registries.grammar.names()) or 'none'}")
