@@ -306,8 +306,8 @@ class Staging:
                 f"{kind} {name!r}: loader must be a zero-argument callable, got {loader!r}"
             )
         # Attention backends must state their capabilities; the others have safe defaults.
-        if capabilities is None and caps_type in (SpecCapabilities, CachePolicyCapabilities,
-                                                  GrammarCapabilities):
+        defaults = (SpecCapabilities, CachePolicyCapabilities, GrammarCapabilities)
+        if capabilities is None and caps_type is not None and caps_type in defaults:
             capabilities = caps_type()
         if caps_type is not None and not isinstance(capabilities, caps_type):
             raise RegistryError(

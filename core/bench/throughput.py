@@ -26,11 +26,12 @@ MIN_LEN = 16
 CHECKSUMS = {(64, 256, 256, 0): (9536, 8224)}
 ENGINE_FIELDS_SET: tuple[str, ...] = ()  # runs the command's engine configuration as is
 STRUCTURED_KINDS = ("none", "json")
-# What `--structured json` constrains every output to: records of an extraction, an array with
-# no bound, so the grammar rarely ends a request before its length.
+# What `--structured json` constrains every output to: records of an extraction, at least 16
+# of them (over 256 tokens), so the grammar never ends a request before its output length and
+# every run keeps its batch size.
 STRUCTURED_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"records": {"type": "array", "items": {
+    "properties": {"records": {"type": "array", "minItems": 16, "items": {
         "type": "object",
         "properties": {"id": {"type": "integer"}, "name": {"type": "string"},
                        "score": {"type": "number"},

@@ -79,5 +79,5 @@ class TestGrammarScheduling(EngineTest):
                                                       tiny_model_dir: Path) -> None:
         from plugserve.engine import EngineStartError
 
-        with pytest.raises(EngineStartError, match="unknown grammar backend 'nope'.*toy_choice"):
+        with pytest.raises(EngineStartError, match=r"unknown grammar backend 'nope'.*toy_choice"):
             self.engine(model=str(tiny_model_dir), grammar_backend="nope")
