@@ -136,6 +136,9 @@ class Engine:
         self.backend = backend_cls(attention_ctx)
         self.runner = ModelRunner(self.model, self.backend, self.kv_pool, rows,
                                   self.context_len, self.device, self.tokenizer.eos_token_ids)
+        self.grammar = self._grammar_service(cfg)
+        if self.grammar is not None:
+            self.runner.sampler.steps.append(GrammarMask(self.grammar, self.runner.time_s))
         self.spec: SpecAlgorithm | None = None
         if spec_cls is not None:
             self.spec = spec_cls(
@@ -143,13 +146,10 @@ class Engine:
                     config=cfg, target=self.model, arch=arch, backend=self.backend,
                     target_kv_pool=self.kv_pool, req_to_token_pool=rows,
                     num_pages=num_pages, dtype=self.dtype, device=self.device,
-                    time_s=self.runner.time_s,
+                    time_s=self.runner.time_s, grammar=self.grammar,
                 )
             )
             self.runner.spec = self.spec
-        self.grammar = self._grammar_service(cfg)
-        if self.grammar is not None:
-            self.runner.sampler.steps.append(GrammarMask(self.grammar, self.runner.time_s))
         self.scheduler = Scheduler(
             cfg, self.runner, self.kv, self.hook_pm.hook, self.tokenizer.eos_token_ids,
             self.tokenizer.decode, spec=self.spec,
@@ -191,6 +191,11 @@ class Engine:
                     "plugserve-grammar-xgrammar)")
         return self.grammar.unsupported(spec)
 
+    def _spec_checks_grammar(self) -> bool:
+        """The speculative algorithm checks its drafts against a request's grammar."""
+        caps = self.host.registries.spec.get(self.config.spec).capabilities
+        return bool(getattr(caps, "grammar", False))
+
     def _lifecycle_plugins(self) -> pluggy.PluginManager:
         """A hook relay for this engine alone: the loaded plugins plus this engine's checker
         instances, so two engines in one process never see each other's steps."""
@@ -230,8 +235,10 @@ class Engine:
             grammar_problem = self._grammar_problem(sp.structured_outputs)
             if grammar_problem is not None:
                 out.append(grammar_problem)
-        if self.spec is not None and sp.decode_time_fields():
-            out.append(f"{', '.join(sp.decode_time_fields())} cannot be used with speculative "
+        spec_refused = [f for f in sp.decode_time_fields()
+                        if f != "structured_outputs" or not self._spec_checks_grammar()]
+        if self.spec is not None and spec_refused:
+            out.append(f"{', '.join(spec_refused)} cannot be used with speculative "
                        f"decoding (spec={self.config.spec!r}) yet")
         total = self.kv.allocator.total_slots
         if ids and ceil_align(need, self.config.page_size) > total:

@@ -46,6 +46,9 @@ class SpecCapabilities:
     # The plugin ships a draft model for the built-in default model (used when neither the
     # model nor the draft model is named).
     default_draft_for_default_model: bool = False
+    # It checks draft tokens against a request's grammar (plugserve.grammar.constraint), so
+    # structured outputs run with it; otherwise such requests are refused.
+    grammar: bool = False
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
