@@ -1,5 +1,5 @@
-"""Built-in plugin: the reference attention backend, the core cache policies and the core's
-fix toggles.
+"""Built-in plugin: the reference attention backend, the core cache policies, the Hermes
+tool-call parser and the core's fix toggles.
 
 Registered through exactly the same hooks as external plugins; it is essential and cannot be
 disabled.
@@ -17,6 +17,7 @@ from plugserve.registry import (
     RegisterCachePolicy,
     RegisterFixToggle,
     RegisterSpecAlgorithm,
+    RegisterToolParser,
     SpecCapabilities,
 )
 
@@ -53,6 +54,18 @@ def _no_cache() -> Any:
 
 def _no_spec() -> Any:
     return None
+
+
+def _hermes() -> Any:
+    from plugserve.tools.hermes import HermesToolParser
+
+    return HermesToolParser
+
+
+@hookimpl
+def plugserve_register_tool_parsers(register: RegisterToolParser) -> None:
+    register("hermes", _hermes,
+             description="Hermes / Qwen: <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>")
 
 
 @hookimpl

@@ -38,6 +38,9 @@ class EngineConfig(BaseSettings):
     attention: str = "torch_native"
     cache: str = "radix"
     spec: str = "none"
+    grammar_backend: str = Field(
+        default="xgrammar", description="grammar backend for structured outputs (plugin name)"
+    )
     plugins: str | None = Field(
         default=None,
         description="comma-separated allowlist of external plugins to load; '' = built-ins only",

@@ -14,6 +14,8 @@ from plugserve.attention.base import AttentionContext
 from plugserve.config import EngineConfig
 from plugserve.device import device_problems
 from plugserve.fixes import unknown_reverts
+from plugserve.grammar.base import GrammarCapabilities, GrammarContext
+from plugserve.grammar.service import GrammarService
 from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
@@ -22,12 +24,14 @@ from plugserve.outputs import GenerateResult, StreamEvent, generate_result
 from plugserve.plugins import PluginHost, load_plugins
 from plugserve.pools.allocator import ceil_align
 from plugserve.request_input import PromptError, token_ids
+from plugserve.runner.grammar_step import GrammarMask
 from plugserve.runner.model_runner import ModelRunner
 from plugserve.sampling import SamplingParams, is_int
 from plugserve.sched.scheduler import Scheduler
 from plugserve.spec.base import SpecAlgorithm, SpecContext
 from plugserve.structs.req import Req
 from plugserve.structs.spec_footprint import SpecFootprint
+from plugserve.structured import GrammarSpec
 from plugserve.validation import validate_config
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -136,6 +140,9 @@ class Engine:
         self.backend = backend_cls(attention_ctx)
         self.runner = ModelRunner(self.model, self.backend, self.kv_pool, rows,
                                   self.context_len, self.device, self.tokenizer.eos_token_ids)
+        self.grammar = self._grammar_service(cfg)
+        if self.grammar is not None:
+            self.runner.sampler.steps.append(GrammarMask(self.grammar, self.runner.time_s))
         self.spec: SpecAlgorithm | None = None
         if spec_cls is not None:
             self.spec = spec_cls(
@@ -143,7 +150,7 @@ class Engine:
                     config=cfg, target=self.model, arch=arch, backend=self.backend,
                     target_kv_pool=self.kv_pool, req_to_token_pool=rows,
                     num_pages=num_pages, dtype=self.dtype, device=self.device,
-                    time_s=self.runner.time_s,
+                    time_s=self.runner.time_s, grammar=self.grammar,
                 )
             )
             self.runner.spec = self.spec
@@ -155,6 +162,43 @@ class Engine:
         self._rids = itertools.count()
         self._closed = False
         self._failed: BaseException | None = None
+
+    def _grammar_service(self, cfg: EngineConfig) -> GrammarService | None:
+        """The selected grammar backend's compile service (None when none is installed: a
+        constrained request is then refused with the reason). Nothing is built yet."""
+        registry = self.host.registries.grammar
+        if cfg.grammar_backend not in registry:
+            return None
+        entry = registry.get(cfg.grammar_backend)
+        caps = entry.capabilities
+        return GrammarService(
+            entry.name, entry.load, caps if isinstance(caps, GrammarCapabilities)
+            else GrammarCapabilities(),
+            GrammarContext(self.arch.vocab_size, self.tokenizer, self.tokenizer.eos_token_ids))
+
+    def compile_grammar(self, spec: GrammarSpec) -> Any:
+        """A Future of `spec`'s compiled grammar (cached), raising `GrammarError` when it is
+        invalid: a server awaits it to refuse a bad schema before queueing the request."""
+        problem = self._grammar_problem(spec)
+        if problem is not None:
+            from plugserve.grammar.base import GrammarError
+
+            raise GrammarError(problem)
+        assert self.grammar is not None
+        return self.grammar.compile(spec)
+
+    def _grammar_problem(self, spec: GrammarSpec) -> str | None:
+        if self.grammar is None:
+            return (f"structured outputs need a grammar backend; {self.config.grammar_backend!r}"
+                    f" is not installed (installed: "
+                    f"{', '.join(self.host.registries.grammar.names()) or 'none'}; pip install "
+                    "plugserve-grammar-xgrammar)")
+        return self.grammar.unsupported(spec)
+
+    def _spec_checks_grammar(self) -> bool:
+        """The speculative algorithm checks its drafts against a request's grammar."""
+        caps = self.host.registries.spec.get(self.config.spec).capabilities
+        return bool(getattr(caps, "grammar", False))
 
     def _lifecycle_plugins(self) -> pluggy.PluginManager:
         """A hook relay for this engine alone: the loaded plugins plus this engine's checker
@@ -191,8 +235,14 @@ class Engine:
         need = min(len(ids) + new_tokens, self.context_len)
         if self.spec_footprint is not None:
             need += self.spec_footprint.reserve_len  # a speculative round's slots past them
-        if self.spec is not None and sp.decode_time_fields():
-            out.append(f"{', '.join(sp.decode_time_fields())} cannot be used with speculative "
+        if isinstance(sp.structured_outputs, GrammarSpec) and not sp.structured_outputs.problems():
+            grammar_problem = self._grammar_problem(sp.structured_outputs)
+            if grammar_problem is not None:
+                out.append(grammar_problem)
+        spec_refused = [f for f in sp.decode_time_fields()
+                        if f != "structured_outputs" or not self._spec_checks_grammar()]
+        if self.spec is not None and spec_refused:
+            out.append(f"{', '.join(spec_refused)} cannot be used with speculative "
                        f"decoding (spec={self.config.spec!r}) yet")
         total = self.kv.allocator.total_slots
         if ids and ceil_align(need, self.config.page_size) > total:
@@ -245,6 +295,8 @@ class Engine:
             req.finish_released = True
         else:
             req = Req(rid, ids, sp, session_id=session_id)
+            if sp.structured_outputs is not None and self.grammar is not None:
+                req.grammar_future = self.grammar.compile(sp.structured_outputs)
             if session_id is not None:
                 self._session(session_id).begin_turn(req, session_offset)
             self.scheduler.add_request(req)
@@ -464,6 +516,8 @@ class Engine:
     def close(self) -> None:
         if not self._closed:
             self.scheduler.close()
+            if self.grammar is not None:
+                self.grammar.close()
             self._closed = True
 
     def __enter__(self) -> Engine:

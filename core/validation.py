@@ -32,6 +32,13 @@ def validate_config(
             reasons.append(
                 f"unknown {registry.kind} {name!r}; available: {', '.join(registry.names())}"
             )
+    # The default grammar backend is optional (without it, constrained requests are refused
+    # with the reason); another one named must exist.
+    default_grammar = type(config).model_fields["grammar_backend"].default
+    if config.grammar_backend != default_grammar and config.grammar_backend not in \
+            registries.grammar:
+        reasons.append(f"unknown grammar backend {config.grammar_backend!r}; available: "
+                       f"{', '.join(registries.grammar.names()) or 'none'}")
     if config.attention in registries.attention:
         reasons += _attention_reasons(
             config, registries.attention.get(config.attention), sliding_window

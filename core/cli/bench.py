@@ -93,6 +93,11 @@ def bench_command(
         typer.Option(help="throughput, shared-prefix, sessions, serving: workload seed "
                      "(default 0)."),
     ] = None,
+    structured: Annotated[
+        str | None,
+        typer.Option(help="throughput: json constrains every output to a JSON schema (the "
+                     "grammar mask's time per step is reported); none (default).")
+    ] = None,
     groups: Annotated[
         int | None, typer.Option(help="shared-prefix: groups G (default 8).")
     ] = None,
@@ -229,6 +234,7 @@ def bench_command(
                 "prefix_len": prefix_len, "question_len": question_len,
                 "spec_prompts": spec_prompts, "sessions": sessions, "turns": turns,
                 "turn_input_len": turn_input_len, "turn_output_len": turn_output_len,
+                "structured": structured,
             }
             serving_values.update(num_seqs=num_seqs, output_len=output_len, seed=seed)
             from plugserve.cli.bench_serving import run_serving
@@ -259,6 +265,7 @@ def bench_command(
             "max_input_len": max_input_len,
             "max_output_len": max_output_len,
             "seed": seed,
+            "structured": structured,
             "groups": groups,
             "prompts_per_group": prompts_per_group,
             "prefix_len": prefix_len,

@@ -85,6 +85,14 @@ def serve_command(
     max_logprobs: Annotated[
         int | None, _int("Most logprobs alternatives a request may ask per token (default 20).")
     ] = None,
+    grammar_backend: Annotated[
+        str | None, typer.Option(help="Grammar backend for structured outputs (default "
+                                 "xgrammar).")
+    ] = None,
+    tool_call_parser: Annotated[
+        str | None, typer.Option(help="How tool calls are read from chat output (default "
+                                 "hermes).")
+    ] = None,
     max_running_requests: Annotated[int | None, _int("Request rows (batch size limit).")] = None,
     kv_pool_tokens: Annotated[int | None, _int("KV slots per pool.")] = None,
     context_len: Annotated[int | None, _int("Max tokens per request.")] = None,
@@ -124,6 +132,7 @@ def serve_command(
 
         config = engine_config(
             model=model, attention=attention, cache=cache, spec=spec, draft_model=draft_model,
+            grammar_backend=grammar_backend,
             spec_steps=spec_steps, spec_topk=spec_topk, spec_draft_tokens=spec_draft_tokens,
             page_size=page_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, device=device,
             seed=seed, tokenizer=tokenizer,
@@ -137,6 +146,7 @@ def serve_command(
             "host": host, "port": port, "api_key": api_key, "max_waiting": max_waiting,
             "max_body_bytes": max_body_bytes, "served_model_name": served_model_name,
             "shutdown_timeout_s": shutdown_timeout, "max_logprobs": max_logprobs,
+            "tool_call_parser": tool_call_parser,
         }
         settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
         with stderr_logging(log_level, config.mem_check):
