@@ -33,9 +33,12 @@ from plugserve.cli.options import (
     SpecOpt,
     SpecStepsOpt,
     SpecTopkOpt,
+    TpBackendOpt,
+    TpOpt,
     chat_template_option,
     checked_plugin_host,
     engine_config,
+    followed_rank_0,
 )
 
 if TYPE_CHECKING:
@@ -113,6 +116,8 @@ def serve_command(
                                   show_default=False)
     ] = None,
     mem_check_ring_size: Annotated[int | None, _int("Checker ring buffer entries.")] = None,
+    tp: TpOpt = None,
+    tp_backend: TpBackendOpt = None,
     log_level: LogLevelOpt = "WARNING",
     debug: DebugOpt = False,
 ) -> None:
@@ -140,7 +145,7 @@ def serve_command(
             context_len=context_len, chunked_prefill_size=chunked_prefill_size,
             max_prefill_tokens=max_prefill_tokens, enable_mixed_chunk=enable_mixed_chunk,
             overlap=overlap, mem_check=mem_check, check_pages=check_pages,
-            mem_check_ring_size=mem_check_ring_size,
+            mem_check_ring_size=mem_check_ring_size, tp_size=tp, tp_backend=tp_backend,
         )
         given = {
             "host": host, "port": port, "api_key": api_key, "max_waiting": max_waiting,
@@ -152,6 +157,8 @@ def serve_command(
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []
             checked_plugin_host(options, config, debug)
+            if followed_rank_0(config, options):  # torchrun's rank > 0: no HTTP of its own
+                return
             template = chat_template_option(chat_template)
             sock = bind(settings)
             try:
