@@ -35,6 +35,7 @@ def add_samples(parent: Req, next_rid: Callable[[], int], forks_prompts: bool) -
         child = Req(next_rid(), parent.origin_input_ids, child_sp)
         child.sample_index, child.fork_parent = j, parent
         child.logprobs_asked = parent.logprobs_asked
+        child.grammar_future = parent.grammar_future  # one compile; a matcher per sample
         children.append(child)
     parent.group.extend(children)
     return children
