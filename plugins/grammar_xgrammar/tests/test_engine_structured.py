@@ -47,3 +47,21 @@ class TestXGrammarEngine(EngineTest):
                 assert r.finish_reason == "stop", (r.finish_reason, r.error, r.text)
                 jsonschema.validate(json.loads(r.text), schema)
             self.assert_idle_memory_whole(engine)
+
+
+class TestXGrammarNSamples(EngineTest):
+    @pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+    def test_every_sample_follows_the_grammar(self, tiny_model_dir: Path, overlap: bool) -> None:
+        """n > 1 under a grammar: one compile, a matcher per sample, each output valid."""
+        schema = SCHEMAS[1]
+        sp = SamplingParams(max_new_tokens=120, temperature=1.0, seed=3, n=3,
+                            structured_outputs=GrammarSpec.json_schema(schema))
+        with self.engine(model=str(tiny_model_dir), page_size=4, overlap=overlap) as engine:
+            (result,) = engine.generate(["a prompt for three samples"], sp)
+            assert engine.grammar is not None and engine.grammar.compiles == 1
+            self.assert_idle_memory_whole(engine)
+        assert len(result.samples) == 3
+        assert len({s.text for s in result.samples}) > 1  # seeds seed + j: different samples
+        for s in result.samples:
+            assert s.finish_reason == "stop", (s.finish_reason, s.error, s.text)
+            jsonschema.validate(json.loads(s.text), schema)
