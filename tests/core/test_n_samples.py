@@ -168,6 +168,18 @@ class TestNSamples(EngineTest):
             assert s.prompt_logprobs == alone.prompt_logprobs
             assert s.prompt_top_logprobs == alone.prompt_top_logprobs
 
+    def test_more_samples_than_request_rows(self, tiny_model_dir: Path) -> None:
+        """With one row the samples run one after another; a sample whose parent ended is
+        admitted like any request (a prefix-cache hit on the prompt its parent released)."""
+        prompt = _prompt(23)
+        sp = SamplingParams(max_new_tokens=5, ignore_eos=True, n=3)
+        with self.engine(model=str(tiny_model_dir), max_running_requests=1,
+                         page_size=4) as engine:
+            out = engine.generate([prompt], sp)[0]
+            self.assert_idle_memory_whole(engine)
+        assert [s.token_ids for s in out.samples] == hf_greedy(tiny_model_dir, [prompt], [5]) * 3
+        assert [s.stats["cached_tokens"] for s in out.samples] == [0, 20, 20]
+
     def test_no_cache_every_sample_prefills(self, tiny_model_dir: Path) -> None:
         prompt = _prompt(33)
         sp = SamplingParams(max_new_tokens=3, ignore_eos=True, n=3)
