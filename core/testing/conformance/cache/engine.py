@@ -118,16 +118,21 @@ class TestCacheEngine(CacheEngineTest):
             results = engine.generate(prompts, [replace(sp, n=3) for sp in greedy(max_new)])
             assert_checked_and_whole(engine)
         forks = self.target.capabilities.prefix_sharing and engine.kv.forks.enabled
+        forked = 0
         for r, want, prompt in zip(results, expected, prompts, strict=True):
             assert r.error is None, r.error
             assert_tokens([s.token_ids for s in r.samples], [want] * 3,
                           f"cache policy {self.target.name!r}, n=3: a sample differs from "
                           "transformers fp32")
-            if forks:
-                shared = (len(prompt) - 1) // page_size * page_size
-                assert [s.stats["cached_tokens"] for s in r.samples[1:]] == [shared] * 2, (
-                    f"cache policy {self.target.name!r}: the samples did not fork the "
-                    f"{shared} cached prompt positions")
+            shared = (len(prompt) - 1) // page_size * page_size
+            cached = [int(s.stats["cached_tokens"]) for s in r.samples[1:]]
+            assert all(n % page_size == 0 and n < len(prompt) for n in cached), cached
+            forked += shared > 0 and cached == [shared] * 2
+        # A policy may hold less than a running prompt (a bound): then the samples wait for
+        # the parent's end and match what is left. Some must fork all the same.
+        if forks:
+            assert forked > 0, (f"cache policy {self.target.name!r}: no sample forked its "
+                                "parent's cached prompt")
 
 
 class TestCacheEngineSessions(CacheEngineTest):
