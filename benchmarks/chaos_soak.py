@@ -57,7 +57,7 @@ class Tally:
 def bad_requests(model: str, context: int) -> list[tuple[str, Any, int]]:
     """(kind, body: dict = JSON / str = raw, expected status)."""
     return [
-        ("malformed JSON", '{"prompt": "x", ', 400), ("n=2", {"prompt": "x", "n": 2}, 400),
+        ("malformed JSON", '{"prompt": "x", ', 400), ("n=0", {"prompt": "x", "n": 0}, 400),
         ("top_p 0", {"prompt": "x", "top_p": 0}, 400),
         ("negative max_tokens", {"prompt": "x", "max_tokens": -3}, 400),
         ("temperature as text", {"prompt": "x", "temperature": "hot"}, 400),

@@ -1,5 +1,5 @@
-"""Built-in plugin: the reference attention backend, the core cache policies and the core's
-fix toggles.
+"""Built-in plugin: the reference attention backend, the core cache policies, the Hermes
+tool-call parser and the core's fix toggles.
 
 Registered through exactly the same hooks as external plugins; it is essential and cannot be
 disabled.
@@ -17,6 +17,7 @@ from plugserve.registry import (
     RegisterCachePolicy,
     RegisterFixToggle,
     RegisterSpecAlgorithm,
+    RegisterToolParser,
     SpecCapabilities,
 )
 
@@ -53,6 +54,18 @@ def _no_cache() -> Any:
 
 def _no_spec() -> Any:
     return None
+
+
+def _hermes() -> Any:
+    from plugserve.tools.hermes import HermesToolParser
+
+    return HermesToolParser
+
+
+@hookimpl
+def plugserve_register_tool_parsers(register: RegisterToolParser) -> None:
+    register("hermes", _hermes,
+             description="Hermes / Qwen: <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>")
 
 
 @hookimpl
@@ -105,6 +118,7 @@ def plugserve_register_fix_toggles(register: RegisterFixToggle) -> None:
     # Each toggle is defined next to the rule it reverts.
     from plugserve.cache.swa_radix import SWA_MATCH_ACROSS_TOMBSTONE
     from plugserve.mem.manager import FINISH_OVERALLOC_UNALIGNED, RETRACT_NO_RESET
+    from plugserve.mem.sample_fork import FORK_WITHOUT_LOCK
     from plugserve.mem.session_kv import SESSION_DOUBLE_COUNT, SESSION_RETRACT_TAIL_LEAK
     from plugserve.mem.spec_accounting import SPEC_V2_BONUS_PRECLAIM
     from plugserve.mem.swa_window import SWA_EVICT_PARTIAL_PAGE, SWA_UNCACHED_FROM_PROTECTED
@@ -115,5 +129,6 @@ def plugserve_register_fix_toggles(register: RegisterFixToggle) -> None:
         BATCH_IDENTITY, FINISH_OVERALLOC_UNALIGNED, RETRACT_NO_RESET, SPEC_V2_BONUS_PRECLAIM,
         SESSION_DOUBLE_COUNT, SESSION_RETRACT_TAIL_LEAK, SWA_UNCACHED_FROM_PROTECTED,
         SWA_EVICT_PARTIAL_PAGE, SWA_MATCH_ACROSS_TOMBSTONE, TP_RANK1_SKIPS_FREE,
+        FORK_WITHOUT_LOCK,
     ):
         register(toggle, toggle.description)

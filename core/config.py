@@ -16,6 +16,8 @@ from plugserve.fixes import ENV_VAR as REVERT_FIX_ENV
 from plugserve.fixes import parse_reverts
 
 DType = Literal["float32", "bfloat16", "float16"]
+# What the KV pools store (vLLM / SGLang names); "auto" = the model's dtype.
+KVCacheDType = Literal["auto", "bfloat16", "float8_e4m3", "float8_e5m2"]
 
 
 class EngineConfig(BaseSettings):
@@ -36,6 +38,9 @@ class EngineConfig(BaseSettings):
     attention: str = "torch_native"
     cache: str = "radix"
     spec: str = "none"
+    grammar_backend: str = Field(
+        default="xgrammar", description="grammar backend for structured outputs (plugin name)"
+    )
     plugins: str | None = Field(
         default=None,
         description="comma-separated allowlist of external plugins to load; '' = built-ins only",
@@ -48,6 +53,11 @@ class EngineConfig(BaseSettings):
         default=None, ge=1, description="KV slots per pool (tokens); None = sized from context"
     )
     context_len: int | None = Field(default=None, ge=2, description="max tokens per request")
+    kv_cache_dtype: KVCacheDType = Field(
+        default="auto",
+        description="what the KV pools store: auto (the model's dtype), bfloat16, float8_e4m3 "
+        "or float8_e5m2 (widened to the model's dtype as attention reads it)",
+    )
     # Hybrid sliding-window models (plugserve.pools.swa_pool): windowed layers' KV in its own pool.
     swa_pools: bool = Field(
         default=True,

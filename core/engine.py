@@ -14,11 +14,13 @@ from plugserve.attention.base import AttentionContext
 from plugserve.config import EngineConfig
 from plugserve.device import device_problems
 from plugserve.fixes import unknown_reverts
+from plugserve.grammar.base import GrammarCapabilities, GrammarContext
+from plugserve.grammar.service import GrammarService
 from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
-from plugserve.outputs import GenerateResult, StreamEvent, generate_result
+from plugserve.outputs import GenerateResult, StreamEvent, generate_result, group_result
 from plugserve.parallel.cross_check import TP_RANK1_SKIPS_FREE, CrossRankCheck, skip_one_free
 from plugserve.parallel.leader import LeaderScheduler
 from plugserve.parallel.runner import TPModelRunner
@@ -26,12 +28,15 @@ from plugserve.parallel.runtime import RankMemory, TensorParallel
 from plugserve.plugins import PluginHost, load_plugins
 from plugserve.pools.allocator import ceil_align
 from plugserve.request_input import PromptError, token_ids
+from plugserve.runner.grammar_step import GrammarMask
 from plugserve.runner.model_runner import ModelRunner
 from plugserve.sampling import SamplingParams, is_int
+from plugserve.sched.samples import add_samples, run_sampling, samples_problems
 from plugserve.sched.scheduler import Scheduler
 from plugserve.spec.base import SpecAlgorithm, SpecContext
 from plugserve.structs.req import Req
 from plugserve.structs.spec_footprint import SpecFootprint
+from plugserve.structured import GrammarSpec
 from plugserve.validation import validate_config
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -104,9 +109,13 @@ class Engine:
             self.tp = TensorParallel.start(cfg, model_arch(cfg.model), self._plugins, type(self))
             self.device = self.tp.device
         if self.device.type == "cpu":
+            from plugserve.kernels import build as cpu_kernels
             from plugserve.kernels.cpu_malloc import keep_freed_memory
 
             keep_freed_memory()
+            # Compile the CPU kernels now (first start only, with a visible status), never
+            # inside a request.
+            cpu_kernels.prepare()
         loaded = load_model(cfg.model, dtype=self.dtype, device=self.device,
                             shard=self.tp.shard if self.tp is not None else None)
         self.model = loaded.model
@@ -160,6 +169,9 @@ class Engine:
                        self.device, self.tokenizer.eos_token_ids)
         self.runner = (ModelRunner(*runner_args) if self.tp is None
                        else TPModelRunner(*runner_args, shard=self.tp.shard))
+        self.grammar = self._grammar_service(cfg)
+        if self.grammar is not None:
+            self.runner.sampler.steps.append(GrammarMask(self.grammar, self.runner.time_s))
         self.spec: SpecAlgorithm | None = None
         if spec_cls is not None:
             self.spec = spec_cls(
@@ -167,7 +179,7 @@ class Engine:
                     config=cfg, target=self.model, arch=arch, backend=self.backend,
                     target_kv_pool=self.kv_pool, req_to_token_pool=rows,
                     num_pages=num_pages, dtype=self.dtype, device=self.device,
-                    time_s=self.runner.time_s,
+                    time_s=self.runner.time_s, grammar=self.grammar,
                 )
             )
             self.runner.spec = self.spec
@@ -186,6 +198,43 @@ class Engine:
         self._rids = itertools.count()
         self._closed = False
         self._failed: BaseException | None = None
+
+    def _grammar_service(self, cfg: EngineConfig) -> GrammarService | None:
+        """The selected grammar backend's compile service (None when none is installed: a
+        constrained request is then refused with the reason). Nothing is built yet."""
+        registry = self.host.registries.grammar
+        if cfg.grammar_backend not in registry:
+            return None
+        entry = registry.get(cfg.grammar_backend)
+        caps = entry.capabilities
+        return GrammarService(
+            entry.name, entry.load, caps if isinstance(caps, GrammarCapabilities)
+            else GrammarCapabilities(),
+            GrammarContext(self.arch.vocab_size, self.tokenizer, self.tokenizer.eos_token_ids))
+
+    def compile_grammar(self, spec: GrammarSpec) -> Any:
+        """A Future of `spec`'s compiled grammar (cached), raising `GrammarError` when it is
+        invalid: a server awaits it to refuse a bad schema before queueing the request."""
+        problem = self._grammar_problem(spec)
+        if problem is not None:
+            from plugserve.grammar.base import GrammarError
+
+            raise GrammarError(problem)
+        assert self.grammar is not None
+        return self.grammar.compile(spec)
+
+    def _grammar_problem(self, spec: GrammarSpec) -> str | None:
+        if self.grammar is None:
+            return (f"structured outputs need a grammar backend; {self.config.grammar_backend!r}"
+                    f" is not installed (installed: "
+                    f"{', '.join(self.host.registries.grammar.names()) or 'none'}; pip install "
+                    "plugserve-grammar-xgrammar)")
+        return self.grammar.unsupported(spec)
+
+    def _spec_checks_grammar(self) -> bool:
+        """The speculative algorithm checks its drafts against a request's grammar."""
+        caps = self.host.registries.spec.get(self.config.spec).capabilities
+        return bool(getattr(caps, "grammar", False))
 
     def _lifecycle_plugins(self) -> pluggy.PluginManager:
         """A hook relay for this engine alone: the loaded plugins plus this engine's checker
@@ -224,8 +273,14 @@ class Engine:
         need = min(len(ids) + new_tokens, self.context_len)
         if self.spec_footprint is not None:
             need += self.spec_footprint.reserve_len  # a speculative round's slots past them
-        if self.spec is not None and sp.decode_time_fields():
-            out.append(f"{', '.join(sp.decode_time_fields())} cannot be used with speculative "
+        if isinstance(sp.structured_outputs, GrammarSpec) and not sp.structured_outputs.problems():
+            grammar_problem = self._grammar_problem(sp.structured_outputs)
+            if grammar_problem is not None:
+                out.append(grammar_problem)
+        spec_refused = [f for f in sp.decode_time_fields()
+                        if f != "structured_outputs" or not self._spec_checks_grammar()]
+        if self.spec is not None and spec_refused:
+            out.append(f"{', '.join(spec_refused)} cannot be used with speculative "
                        f"decoding (spec={self.config.spec!r}) yet")
         total = self.kv.allocator.total_slots
         if ids and ceil_align(need, self.config.page_size) > total:
@@ -236,10 +291,14 @@ class Engine:
     def submit(
         self, prompt: str | list[int], sampling: SamplingParams | None = None, *,
         chat: bool = False, session_id: str | None = None, session_offset: int | None = None,
+        streaming: bool = False,
     ) -> Req:
         """Queue one request. A bad request (malformed prompt, invalid sampling parameters)
         never raises: it comes back finished with reason "error" and `error` set, unqueued.
-        Raises only when the engine itself cannot serve (closed, or stopped by an error)."""
+        Raises only when the engine itself cannot serve (closed, or stopped by an error).
+        With `sampling.n` (or `best_of`) > 1 the returned request is sample 0 and
+        `req.group` holds every sample (plugserve.sched.samples); `streaming` refuses
+        best_of > n, whose choice is known only once all finished."""
         if self._closed:
             raise RuntimeError("engine is closed")
         if self._failed is not None:
@@ -263,6 +322,7 @@ class Engine:
                     if session_id is not None:
                         ids = self._session(session_id).turn_ids(session_id, ids, session_offset)
                     problems = self._problems(ids, sp)
+                    problems += samples_problems(sp, session_id, streaming)
                 except SessionError as exc:
                     problems = [str(exc)]
                 except Exception as exc:  # a check that itself failed: reject, never raise
@@ -277,11 +337,17 @@ class Engine:
             req.error = "; ".join(problems)
             req.finish_released = True
         else:
-            req = Req(rid, ids, sp, session_id=session_id)
+            req = Req(rid, ids, run_sampling(sp), session_id=session_id)
+            req.logprobs_asked = sp.logprobs
+            if sp.structured_outputs is not None and self.grammar is not None:
+                req.grammar_future = self.grammar.compile(sp.structured_outputs)
             if session_id is not None:
                 self._session(session_id).begin_turn(req, session_offset)
             self.scheduler.add_request(req)
-            self._record(("submit", rid, ids, sp, session_id, session_offset))
+            self._record(("submit", rid, ids, req.sampling, session_id, session_offset))
+            # n > 1: samples 1.. take the next ids (the other ranks number them the same).
+            for child in add_samples(req, lambda: next(self._rids), self.kv.forks.enabled):
+                self.scheduler.add_request(child)
         return req
 
     # --- streaming sessions -----------------------------------------------------------------
@@ -319,7 +385,12 @@ class Engine:
         return self.tp.problem() if self.tp is not None else None
 
     def abort(self, req: Req) -> bool:
+        """End one request (one sample of an n > 1 request: the others go on)."""
         return self.scheduler.abort(req.rid)
+
+    def abort_samples(self, req: Req) -> bool:
+        """End every sample of `req`'s group (`req` is the group's first sample)."""
+        return any([self.scheduler.abort(r.rid) for r in req.group])
 
     def generate(
         self,
@@ -336,7 +407,8 @@ class Engine:
         reqs = self._submit_all(prompts, sampling, chat, session_id, session_offset)
         with self._stop_on_error():
             self.scheduler.run_until_idle()
-        return [self._result(i, r) for i, r in enumerate(reqs)]
+        return [group_result(i, r, self.tokenizer.decode, r.logprobs_asked)
+                for i, r in enumerate(reqs)]
 
     def stream(
         self,
@@ -351,17 +423,26 @@ class Engine:
         exactly one final event (finished=True, `result` set), however it ended: finished,
         aborted while waiting or while running, or rejected at submit. Sessions as in
         `generate`."""
-        reqs = self._submit_all(prompts, sampling, chat, session_id, session_offset)
+        parents = self._submit_all(prompts, sampling, chat, session_id, session_offset,
+                                   streaming=True)
+        # Every sample of every prompt, with its prompt's index.
+        index = [i for i, p in enumerate(parents) for _ in p.group]
+        reqs = [r for p in parents for r in p.group]
         sent = [0] * len(reqs)
         done = [False] * len(reqs)
         sched = self.scheduler
 
-        def event(i: int, req: Req, final: bool) -> StreamEvent:
-            new = req.output_ids[sent[i] :]
-            sent[i] += len(new)
-            done[i] = final
-            return StreamEvent(i, new, self.tokenizer.decode(new), final,
-                               self._result(i, req) if final else None)
+        def event(k: int, req: Req, final: bool) -> StreamEvent:
+            new = req.output_ids[sent[k] :]
+            sent[k] += len(new)
+            done[k] = final
+            result = None
+            if final:
+                result = self._result(index[k], req)
+                if not req.logprobs_asked:
+                    result.logprobs = None
+            return StreamEvent(index[k], new, self.tokenizer.decode(new), final, result,
+                               sample_index=req.sample_index)
 
         while True:
             with self._stop_on_error():
@@ -392,10 +473,11 @@ class Engine:
         chat: bool,
         session_id: str | None = None,
         session_offset: int | None = None,
+        streaming: bool = False,
     ) -> list[Req]:
-        """Queue one call's requests. A bad request comes back from submit finished with an
-        error; should submit raise anyway (engine closed or stopped), nothing of this call
-        stays queued."""
+        """Queue one call's requests (each with its samples when n > 1). A bad request comes
+        back from submit finished with an error; should submit raise anyway (engine closed or
+        stopped), nothing of this call stays queued."""
         if isinstance(prompts, str):
             prompts = [prompts]
         params = self._per_prompt(sampling, len(prompts))
@@ -403,10 +485,10 @@ class Engine:
         try:
             for p, sp in zip(prompts, params, strict=True):
                 reqs.append(self.submit(p, sp, chat=chat, session_id=session_id,
-                                        session_offset=session_offset))
+                                        session_offset=session_offset, streaming=streaming))
         except BaseException:
             for r in reqs:
-                self.abort(r)
+                self.abort_samples(r)
             raise
         return reqs
 
@@ -514,6 +596,8 @@ class Engine:
     def close(self) -> None:
         if not self._closed:
             self.scheduler.close()
+            if self.grammar is not None:
+                self.grammar.close()
             if self.tp is not None:
                 self.tp.close()
             self._closed = True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from plugserve.structs.req import Req
@@ -26,6 +26,12 @@ class GenerateResult:
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    # n > 1 / best_of: which sample this is (0..n-1; with best_of > n, the rank by cumulative
+    # logprob), the sum of its tokens' logprobs (when they were computed), and on the result
+    # `generate` returns per prompt: every returned sample (the fields above are sample 0's).
+    sample_index: int = 0
+    cumulative_logprob: float | None = None
+    samples: list[GenerateResult] = field(default_factory=list)
 
 
 @dataclass
@@ -35,6 +41,7 @@ class StreamEvent:
     text: str  # decoded text of the new tokens
     finished: bool
     result: GenerateResult | None = None  # set on the final event
+    sample_index: int = 0  # n > 1: which sample of the prompt (each has its own final event)
 
 
 def output_text(req: Req, decode: Callable[..., str]) -> str:
@@ -66,6 +73,9 @@ def top_logprobs_of(req: Req) -> list[list[tuple[int, float]]] | None:
 def prompt_logprobs_of(req: Req) -> tuple[list[float | None] | None,
                                            list[list[tuple[int, float]] | None] | None]:
     if req.sampling.prompt_logprobs is None:
+        parent = req.fork_parent
+        if parent is not None and parent.sampling.prompt_logprobs is not None:
+            return prompt_logprobs_of(parent)  # a forked sample: its parent computed them
         return None, None
     n = len(req.origin_input_ids)
     values: Sequence[float | None] = req.prompt_logprobs or [None] * n
@@ -101,5 +111,22 @@ def generate_result(
         output_tokens=len(ids), finish_reason=req.finished_reason, error=req.error,
         logprobs=list(req.output_logprobs) if req.sampling.logprobs else None,
         top_logprobs=top_logprobs_of(req), prompt_logprobs=prompt_values,
-        prompt_top_logprobs=prompt_tops, stats=stats,
+        prompt_top_logprobs=prompt_tops, stats=stats, sample_index=req.sample_index,
+        cumulative_logprob=sum(req.output_logprobs) if req.sampling.logprobs else None,
     )
+
+
+def group_result(index: int, parent: Req, decode: Callable[..., str],
+                 want_logprobs: bool) -> GenerateResult:
+    """The result for one prompt: sample 0's fields, and `samples` the n returned. With
+    best_of > n, the n samples of the highest cumulative logprob, best first (ties: lower
+    sample index first); their logprobs stay only when they were asked for."""
+    results = [generate_result(index, req, decode) for req in parent.group]
+    sp = parent.sampling
+    if sp.best_of is not None and sp.best_of > sp.n:
+        ranked = sorted(results, key=lambda r: -(r.cumulative_logprob or 0.0))
+        results = [replace(r, sample_index=k) for k, r in enumerate(ranked[: sp.n])]
+    if not want_logprobs:
+        for res in results:
+            res.logprobs = None
+    return replace(results[0], samples=results)

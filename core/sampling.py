@@ -15,6 +15,8 @@ import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from plugserve.structured import GrammarSpec
+
 # The smallest positive temperature accepted. Sampling divides the logits by the temperature,
 # so a tiny one (1e-45) overflows them to inf and the softmax to NaN. Positive values below
 # this bound are *rejected*, not treated as greedy (SGLang silently switches to greedy below
@@ -38,6 +40,15 @@ def is_int(value: object) -> bool:
 def is_real(value: object) -> bool:
     """A real number (int or float, Python or numpy), not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def sample_seed(seed: int | None, index: int) -> int | None:
+    """The seed of sample `index` of an n > 1 request: `seed + index`, wrapped into the
+    seeds torch accepts (so `seed=s, n=4` samples exactly as four requests seeded s..s+3)."""
+    if seed is None:
+        return None
+    value = seed + index
+    return value if value <= _SEED_MAX else value - (1 << 64)
 
 
 def describe(value: object) -> str:
@@ -73,6 +84,13 @@ class SamplingParams:
     min_tokens: int = 0
     skip_special_tokens: bool = True  # in the decoded text
     include_stop_str_in_output: bool = False  # keep the stop string that ended the text
+    # The output must match this grammar (JSON schema, regex, choice, EBNF); None = free.
+    structured_outputs: GrammarSpec | None = None
+    # Samples of the prompt returned (`n`), out of `best_of` (>= n; None = n) generated: the n
+    # with the highest cumulative logprob, chosen once all finished (vLLM's legacy meaning).
+    # Sample j is seeded with `sample_seed(seed, j)`; they share the prompt's KV (forked).
+    n: int = 1
+    best_of: int | None = None
 
     def problems(self, vocab_size: int) -> list[str]:
         """Every reason these parameters are invalid (empty = valid). Never raises, whatever
@@ -121,7 +139,25 @@ class SamplingParams:
                 out.append(f"{name} must be a bool, got {describe(value)}")
         out += self._logprob_problems(vocab_size)
         out += self._logits_step_problems(vocab_size)
+        so = self.structured_outputs
+        if so is not None:
+            out += (so.problems() if isinstance(so, GrammarSpec) else
+                    [f"structured_outputs must be a GrammarSpec or None, got {describe(so)}"])
+        out += self.sample_count_problems()
         return out
+
+    def sample_count_problems(self) -> list[str]:
+        if not is_int(self.n) or self.n < 1:
+            return [f"n must be an int >= 1, got {describe(self.n)}"]
+        b = self.best_of
+        if b is not None and (not is_int(b) or b < self.n):
+            return [f"best_of must be None or an int >= n ({self.n}), got {describe(b)}"]
+        return []
+
+    @property
+    def num_samples(self) -> int:
+        """Samples generated for the prompt: best_of, or n."""
+        return self.best_of if self.best_of is not None else self.n
 
     def _logprob_problems(self, vocab_size: int) -> list[str]:
         out: list[str] = []
@@ -180,6 +216,7 @@ class SamplingParams:
             "frequency_penalty": self.frequency_penalty != 0.0,
             "logit_bias": bool(self.logit_bias),
             "min_tokens": self.min_tokens != 0,
+            "structured_outputs": self.structured_outputs is not None,
         }
         return [name for name, on in active.items() if on]
 

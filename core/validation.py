@@ -32,6 +32,13 @@ def validate_config(
             reasons.append(
                 f"unknown {registry.kind} {name!r}; available: {', '.join(registry.names())}"
             )
+    # The default grammar backend is optional (without it, constrained requests are refused
+    # with the reason); another one named must exist.
+    default_grammar = type(config).model_fields["grammar_backend"].default
+    if config.grammar_backend != default_grammar and config.grammar_backend not in \
+            registries.grammar:
+        reasons.append(f"unknown grammar backend {config.grammar_backend!r}; available: "
+                       f"{', '.join(registries.grammar.names()) or 'none'}")
     if config.attention in registries.attention:
         reasons += _attention_reasons(
             config, registries.attention.get(config.attention), sliding_window
@@ -79,6 +86,12 @@ def _attention_reasons(config: EngineConfig, entry: Entry[Any], sliding_window: 
         reasons.append(
             f"attention backend {name!r} does not support dtype {config.dtype!r}; "
             f"it supports {sorted(caps.dtypes)}"
+        )
+    kv = config.kv_cache_dtype
+    if kv not in caps.kv_cache_dtypes and kv != config.dtype:  # the model's dtype is "auto"
+        reasons.append(
+            f"attention backend {name!r} does not read a {kv!r} KV cache "
+            f"(kv_cache_dtype={kv!r}); it reads {sorted(caps.kv_cache_dtypes)}"
         )
     if caps.page_sizes is not None and config.page_size not in caps.page_sizes:
         reasons.append(

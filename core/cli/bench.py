@@ -30,6 +30,7 @@ from plugserve.cli.options import (
     DraftModelOpt,
     DtypeOpt,
     JsonOpt,
+    KVCacheDtypeOpt,
     LogLevelOpt,
     MemCheckOpt,
     ModelOpt,
@@ -63,6 +64,11 @@ def bench_command(
     cache: CacheOpt = None,
     page_size: PageSizeOpt = None,
     dtype: DtypeOpt = None,
+    kv_cache_dtype: KVCacheDtypeOpt = None,
+    kv_pool_tokens: Annotated[
+        int | None, typer.Option(help="KV slots per pool (tokens); default: sized by the "
+                                 "workload or from the context.")
+    ] = None,
     device: DeviceOpt = None,
     mem_check: MemCheckOpt = None,
     spec: SpecOpt = None,
@@ -88,6 +94,11 @@ def bench_command(
         int | None,
         typer.Option(help="throughput, shared-prefix, sessions, serving: workload seed "
                      "(default 0)."),
+    ] = None,
+    structured: Annotated[
+        str | None,
+        typer.Option(help="throughput: json constrains every output to a JSON schema (the "
+                     "grammar mask's time per step is reported); none (default).")
     ] = None,
     groups: Annotated[
         int | None, typer.Option(help="shared-prefix: groups G (default 8).")
@@ -226,6 +237,7 @@ def bench_command(
                 "prefix_len": prefix_len, "question_len": question_len,
                 "spec_prompts": spec_prompts, "sessions": sessions, "turns": turns,
                 "turn_input_len": turn_input_len, "turn_output_len": turn_output_len,
+                "structured": structured,
             }
             serving_values.update(num_seqs=num_seqs, output_len=output_len, seed=seed)
             from plugserve.cli.bench_serving import run_serving
@@ -245,6 +257,7 @@ def bench_command(
         engine_values: dict[str, Any] = {
             "cache": cache,
             "page_size": page_size,
+            "kv_pool_tokens": kv_pool_tokens,
             "spec": spec,
             "spec_steps": spec_steps,
             "spec_topk": spec_topk,
@@ -255,6 +268,7 @@ def bench_command(
             "max_input_len": max_input_len,
             "max_output_len": max_output_len,
             "seed": seed,
+            "structured": structured,
             "groups": groups,
             "prompts_per_group": prompts_per_group,
             "prefix_len": prefix_len,
@@ -278,6 +292,7 @@ def bench_command(
             model=model,
             attention=attention,
             dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
             device=device,
             mem_check=mem_check,
             draft_model=draft_model,

@@ -25,6 +25,7 @@ from plugserve.cli.options import (
     DebugOpt,
     DeviceOpt,
     DtypeOpt,
+    KVCacheDtypeOpt,
     LogLevelOpt,
     MemCheckOpt,
     ModelOpt,
@@ -210,6 +211,7 @@ def chat_command(
     cache: CacheOpt = None,
     page_size: PageSizeOpt = None,
     dtype: DtypeOpt = None,
+    kv_cache_dtype: KVCacheDtypeOpt = None,
     device: DeviceOpt = None,
     mem_check: MemCheckOpt = None,
     system: Annotated[str | None, typer.Option(metavar="PROMPT",
@@ -243,7 +245,8 @@ def chat_command(
         from plugserve.sampling import SamplingParams
 
         config = engine_config(model=model, attention=attention, cache=cache or DEFAULT_CACHE,
-                               page_size=page_size, dtype=dtype, device=device,
+                               page_size=page_size, dtype=dtype,
+                               kv_cache_dtype=kv_cache_dtype, device=device,
                                mem_check=mem_check, tp_size=tp)
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []

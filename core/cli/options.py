@@ -39,6 +39,11 @@ SpecOpt = Annotated[str | None, typer.Option(help="Speculative algorithm by name
 PageSizeOpt = Annotated[int | None, typer.Option(help="KV page size in tokens.")]
 DtypeOpt = Annotated[str | None, typer.Option(help="float32, bfloat16 or float16.")]
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu or cuda[:N].")]
+KVCacheDtypeOpt = Annotated[
+    str | None,
+    typer.Option(help="What the KV cache stores: auto (the model's dtype), bfloat16, "
+                 "float8_e4m3 or float8_e5m2."),
+]
 MemCheckOpt = Annotated[
     int | None,
     typer.Option(

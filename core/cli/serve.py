@@ -23,6 +23,7 @@ from plugserve.cli.options import (
     DeviceOpt,
     DraftModelOpt,
     DtypeOpt,
+    KVCacheDtypeOpt,
     LogLevelOpt,
     MemCheckOpt,
     ModelOpt,
@@ -78,6 +79,7 @@ def serve_command(
     spec_draft_tokens: SpecDraftTokensOpt = None,
     page_size: PageSizeOpt = None,
     dtype: DtypeOpt = None,
+    kv_cache_dtype: KVCacheDtypeOpt = None,
     device: DeviceOpt = None,
     seed: Annotated[int | None, _int("Engine seed.")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="Tokenizer folder, if not the model's.")
@@ -85,6 +87,17 @@ def serve_command(
     chat_template: ChatTemplateOpt = None,
     max_logprobs: Annotated[
         int | None, _int("Most logprobs alternatives a request may ask per token (default 20).")
+    ] = None,
+    grammar_backend: Annotated[
+        str | None, typer.Option(help="Grammar backend for structured outputs (default "
+                                 "xgrammar).")
+    ] = None,
+    tool_call_parser: Annotated[
+        str | None, typer.Option(help="How tool calls are read from chat output (default "
+                                 "hermes).")
+    ] = None,
+    max_n: Annotated[
+        int | None, _int("Most samples a request may ask per prompt, n and best_of (default 16).")
     ] = None,
     max_running_requests: Annotated[int | None, _int("Request rows (batch size limit).")] = None,
     kv_pool_tokens: Annotated[int | None, _int("KV slots per pool.")] = None,
@@ -127,8 +140,10 @@ def serve_command(
 
         config = engine_config(
             model=model, attention=attention, cache=cache, spec=spec, draft_model=draft_model,
+            grammar_backend=grammar_backend,
             spec_steps=spec_steps, spec_topk=spec_topk, spec_draft_tokens=spec_draft_tokens,
-            page_size=page_size, dtype=dtype, device=device, seed=seed, tokenizer=tokenizer,
+            page_size=page_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, device=device,
+            seed=seed, tokenizer=tokenizer,
             max_running_requests=max_running_requests, kv_pool_tokens=kv_pool_tokens,
             context_len=context_len, chunked_prefill_size=chunked_prefill_size,
             max_prefill_tokens=max_prefill_tokens, enable_mixed_chunk=enable_mixed_chunk,
@@ -139,6 +154,8 @@ def serve_command(
             "host": host, "port": port, "api_key": api_key, "max_waiting": max_waiting,
             "max_body_bytes": max_body_bytes, "served_model_name": served_model_name,
             "shutdown_timeout_s": shutdown_timeout, "max_logprobs": max_logprobs,
+            "tool_call_parser": tool_call_parser,
+            "max_n": max_n,
         }
         settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
         with stderr_logging(log_level, config.mem_check):

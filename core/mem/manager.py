@@ -8,6 +8,8 @@ lengths it documents. Nothing outside `plugserve.mem` writes `kv_committed_len`,
 and the two next door (below) do:
 
     admit            row + locked cached prefix          committed = allocated = protected = match
+    fork             a sample of n > 1: row + the lock   committed = allocated = protected =
+                     on its parent's cached prompt       floor_align(prompt - 1)
     extend           a prefill chunk's slots             committed = allocated += chunk
     cache_unfinished a chunk's aligned prefix -> cache   protected = floor_align(committed)
     claim_decode     the slot the next forward writes    committed += 1, allocated += 1
@@ -23,9 +25,10 @@ evicts from the prefix cache), so the act that follows cannot fail; the schedule
 arithmetic of its own.
 
 Next door, on the same data: speculative committed-length bookkeeping (pre-claims under the
-overlap loop) in `plugserve.mem.spec_accounting` (owned here, `self.spec`), and the KV of
+overlap loop) in `plugserve.mem.spec_accounting` (owned here, `self.spec`), the KV of
 streaming sessions (a turn borrows its session's row and KV and hands them back) in
-`plugserve.mem.session_kv`.
+`plugserve.mem.session_kv`, and the samples of an n > 1 request forking their parent's
+cached prompt in `plugserve.mem.sample_fork` (`self.forks`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch
 from plugserve.cache.base import PrefixCache
 from plugserve.fixes import FixToggle
 from plugserve.mem.accounting import AccountedPool, PoolTerms, no_slots
+from plugserve.mem.sample_fork import FORK_WITHOUT_LOCK, SampleFork
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionStore
 from plugserve.mem.spec_accounting import SpecAccounting
@@ -105,6 +109,7 @@ class KVManager:
         )
         self._overalloc_from_committed = FINISH_OVERALLOC_UNALIGNED in revert_fixes
         self._retract_keeps_lengths = RETRACT_NO_RESET in revert_fixes
+        self.forks = SampleFork(self, without_lock=FORK_WITHOUT_LOCK in revert_fixes)
 
     @property
     def allocator(self) -> PagedAllocator:
@@ -171,6 +176,15 @@ class KVManager:
         if req.retract_count == 0:
             req.cached_tokens = match.length
         return True
+
+    # --- n > 1: a sample forks its parent's cached prompt (plugserve.mem.sample_fork) -------
+    def can_fork(self, req: Req) -> bool:
+        """Whether `fork` can run now: a free row, and the parent still locks its prompt."""
+        return self.forks.can_fork(req)
+
+    def fork(self, req: Req) -> None:
+        """Admit a sample with its parent's cached prompt pages, locked for the sample too."""
+        self.forks.fork(req)
 
     def unadmit(self, req: Req) -> None:
         """Undo `admit` for a request that got no memory this step (nothing else was taken)."""

@@ -18,11 +18,13 @@ Under torchrun every rank runs the same command; the CLI hands ranks > 0 to
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from plugserve.parallel.channel import CLOSE, IDLE, OP_NAMES, STEP
+from plugserve.sched.samples import add_samples
 from plugserve.structs.req import Req
 
 if TYPE_CHECKING:
@@ -74,6 +76,9 @@ def apply(engine: Any, command: tuple[Any, ...]) -> None:
         if session_id is not None:
             engine.kv.sessions.begin_turn(req, session_offset)
         engine.scheduler.add_request(req)
+        # n > 1: rank 0 numbered the samples right after their parent.
+        for child in add_samples(req, itertools.count(rid + 1).__next__, engine.kv.forks.enabled):
+            engine.scheduler.add_request(child)
     elif kind == "abort":
         engine.scheduler.abort(args[0])
     elif kind == "open_session":

@@ -4,6 +4,8 @@ Rules (DESIGN.md §4, applied by the KV manager): a prefill's matched prefix is 
 and locked; committed = allocated = prefix + extend; a request too long for the token budget
 is chunked at a page boundary, and between chunks its aligned prefix is cached as unfinished.
 Every prefill, a continuing chunk too, leaves room for each running request's next decode.
+A sample of an n > 1 request waits in the queue until its parent's prompt is cached, then
+forks it (`KVManager.can_fork` / `fork`) and computes only the rest of its prompt.
 
 The adder changes no scheduler state: it returns a `PrefillDecision` (the batch, the requests
 it took off the waiting queue, the request whose prefill continues, a request to requeue) and
@@ -68,7 +70,11 @@ class PrefillAdder:
                 # Another request of this batch is computing the same long prefix: it waits
                 # one step and reuses it from the cache instead of computing it twice.
                 continue
-            if not self.kv.admit(req):
+            if self.kv.forks.pending(req):
+                continue  # a sample of n > 1: it forks once its parent's prompt is cached
+            if self.kv.can_fork(req):
+                self.kv.fork(req)
+            elif not self.kv.admit(req):
                 break
             prefix_len = req.kv_committed_len
             remaining = req.seq_len - prefix_len

@@ -32,6 +32,7 @@ from plugserve.server.sessions import add_session_routes
 from plugserve.server.settings import ServerSettings, served_model_id
 from plugserve.server.shutdown import GracefulShutdown
 from plugserve.server.tokenize import add_tokenizer_routes
+from plugserve.server.tool_output import tool_mode
 
 
 def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
@@ -45,6 +46,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     state = ServerState(loop, settings, model_id, aliases=(model_path,) if model_path else ())
     shutdown = GracefulShutdown(state, settings.shutdown_timeout_s)
     created = int(time.time())
+    # An unknown --tool-call-parser stops start-up with the registered names.
+    tool_parser = engine.host.registries.tool_parsers.get(settings.tool_call_parser).load()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -107,7 +110,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
         docs = Documents("chat", model_id, state.tokenizer.decode, logprobs=body.logprobs,
                          token_ids=body.return_token_ids,
                          prompt_logprobs=body.prompt_logprobs is not None,
-                         skip_special_tokens=body.skip_special_tokens)
+                         skip_special_tokens=body.skip_special_tokens,
+                         tools=tool_mode(body, tool_parser))
         return await state.respond(request, gen, docs, stream=body.stream,
                                    include_usage=body.include_usage, stop=body.stop_strings,
                                    arrival_s=arrival)

@@ -92,22 +92,28 @@ class EngineLoop:
         self, prompts: list[list[int]], sampling: SamplingParams, arrival_s: float, *,
         session: tuple[str | None, int | None] = (None, None),
     ) -> Job:
-        """Queue one engine request per prompt, or refuse them all (Overloaded, NotServing)."""
+        """Queue one engine request per prompt and sample (`sampling.num_samples` per prompt;
+        the handle of sample j of prompt i has index i * samples + j), or refuse them all
+        (Overloaded, NotServing)."""
         if self.failure is not None:
             raise NotServing(f"the engine stopped serving after an internal error: "
                              f"{type(self.failure).__name__}")
         if not self._accepting:
             raise NotServing("the server is shutting down")
+        per_prompt = sampling.num_samples
+        count = len(prompts) * per_prompt
         with self._lock:
             waiting = self._queued + self._sched_waiting
-            if waiting + len(prompts) > self.max_waiting:
+            if waiting + count > self.max_waiting:
                 raise Overloaded(f"{waiting} requests wait already (limit {self.max_waiting})")
-            self._queued += len(prompts)
+            self._queued += count
         job = Job(self, arrival_s)
         job.session = session
-        job.handles = [RequestHandle(job, i, ids, sampling) for i, ids in enumerate(prompts)]
-        for handle in job.handles:
-            self._commands.put(("submit", handle))
+        job.handles = [RequestHandle(job, i * per_prompt + j, ids, sampling)
+                       for i, ids in enumerate(prompts) for j in range(per_prompt)]
+        for i in range(len(prompts)):
+            # One command per prompt: the engine submits its samples as one group.
+            self._commands.put(("submit", job.handles[i * per_prompt:(i + 1) * per_prompt]))
         self._wake.set()
         return job
 
@@ -174,7 +180,8 @@ class EngineLoop:
             except queue.Empty:
                 return
             if kind == "submit":
-                item.post(Event("final", [], finish_reason=reason, error=message))
+                for handle in item:
+                    handle.post(Event("final", [], finish_reason=reason, error=message))
             elif kind == "call":
                 item[1].set_exception(NotServing(message))
 
@@ -219,12 +226,13 @@ class EngineLoop:
                 break
             if kind == "submit":
                 with self._lock:
-                    self._queued -= 1
+                    self._queued -= len(item)
                 try:
                     self._admit(item)
-                except BaseException:  # the engine cannot take requests: answer this one too
-                    item.post(Event("final", [], finish_reason="failed",
-                                    error="the engine stopped serving after an internal error"))
+                except BaseException:  # the engine cannot take requests: answer these too
+                    for handle in item:
+                        handle.post(Event("final", [], finish_reason="failed", error="the "
+                                          "engine stopped serving after an internal error"))
                     raise
                 changed = True
             elif kind == "abort":
@@ -245,23 +253,31 @@ class EngineLoop:
             self._publish(settled=False)
         return changed
 
-    def _admit(self, handle: RequestHandle) -> None:
+    def _admit(self, handles: list[RequestHandle]) -> None:
+        """Submit one prompt; its samples (n > 1, best_of) come back as the request's group,
+        sample j for handle j."""
+        first = handles[0]
         if self._stop_deadline is not None:
-            handle.post(Event("final", [], finish_reason="shutdown",
-                              error="the server is shutting down"))
+            for handle in handles:
+                handle.post(Event("final", [], finish_reason="shutdown",
+                                  error="the server is shutting down"))
             return
-        session_id, session_offset = handle.job.session
-        req = self.engine.submit(handle.ids, handle.sampling, session_id=session_id,
+        session_id, session_offset = first.job.session
+        req = self.engine.submit(first.ids, first.sampling, session_id=session_id,
                                  session_offset=session_offset)
-        handle.req = req
         if req.error is not None:
-            handle.post(Event("final", [], finish_reason="error", error=req.error,
-                              prompt_tokens=len(handle.ids)))
+            for handle in handles:
+                handle.req = req
+                handle.post(Event("final", [], finish_reason="error", error=req.error,
+                                  prompt_tokens=len(first.ids)))
             return
-        self._active[req.rid] = handle
+        assert len(req.group) == len(handles), (len(req.group), len(handles))
+        for handle, sample in zip(handles, req.group, strict=True):
+            handle.req = sample
+            self._active[sample.rid] = handle
+            handle.post(Event("accepted", [], prompt_tokens=len(sample.origin_input_ids)))
         with self._lock:
             self._accepted = len(self._active)
-        handle.post(Event("accepted", [], prompt_tokens=len(req.origin_input_ids)))
 
     def _abort_all(self) -> None:
         self._aborted_for_stop = True
@@ -284,6 +300,7 @@ class EngineLoop:
             event = Event("final" if final else "tokens", list(new), *self._logprobs(handle))
             if not handle.prompt_sent:  # the prefill is done: the prompt's logprobs are whole
                 handle.prompt_sent = True
+                # A forked sample's are its parent's (computed once).
                 event.prompt_logprobs, event.prompt_top_logprobs = prompt_logprobs_of(req)
             handle.sent += len(new)
             if final:

@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse
 from plugserve.server.engine_loop import EngineLoop, NotServing, Overloaded
 from plugserve.server.errors import APIError, engine_rejection
 from plugserve.server.jobs import Event, Job
-from plugserve.server.output import Choice, Delta, Documents
-from plugserve.server.sampling import Generation, fit_to_context, precheck
+from plugserve.server.output import Choice, Delta, Documents, best_choices
+from plugserve.server.sampling import Generation, check_samples, fit_to_context, precheck
 from plugserve.server.sessions import SessionOwners, caller_key
 from plugserve.server.settings import ServerSettings
 
@@ -70,14 +70,18 @@ class ServerState:
                       arrival_s: float) -> Response:
         if gen.session_id is not None:
             self.session_owners.check(gen.session_id, caller_key(request))
+        check_samples(gen, self.settings.max_n, stream)
         precheck(gen, self.loop.vocab_size, self.context_len)
         gen = fit_to_context(gen, self.context_len)
+        await self._compile_grammar(gen)
         job = self.submit(gen, arrival_s)
         self.jobs.add(job)
         sp = gen.sampling
-        choices = [Choice(i, docs.render, stop, sp.include_stop_str_in_output,
-                          keep_tokens=not gen.drop_output, prompt_ids=ids)
-                   for i, ids in enumerate(gen.prompts)]
+        per_prompt = sp.num_samples  # choice i * per_prompt + j: sample j of prompt i
+        choices = [Choice(i * per_prompt + j, docs.render, stop, sp.include_stop_str_in_output,
+                          keep_tokens=not gen.drop_output, prompt_ids=ids,
+                          counts_prompt=j == 0)
+                   for i, ids in enumerate(gen.prompts) for j in range(per_prompt)]
         handed_off = False
         try:
             early = await self._accepted(job, gen)
@@ -91,11 +95,26 @@ class ServerState:
 
                 return SSEResponse(self._chunks(job, choices, docs, include_usage, early),
                                    on_close=closed)
-            return await self._complete(request, job, choices, docs, early)
+            return await self._complete(request, job, choices, docs, early, gen)
         finally:
             if not handed_off:
                 job.abort()
                 self.jobs.discard(job)
+
+    async def _compile_grammar(self, gen: Generation) -> None:
+        """Compile the request's grammar (cached; on the grammar service's own thread) before
+        it queues: an invalid schema, regex or grammar is a 400 naming the field, and the
+        engine finds it compiled."""
+        spec = gen.sampling.structured_outputs
+        if spec is None:
+            return
+        from plugserve.grammar.base import GrammarError
+
+        param = gen.grammar_param or "structured_outputs"
+        try:
+            await asyncio.wrap_future(self.loop.engine.compile_grammar(spec))
+        except GrammarError as exc:
+            raise APIError(400, f"{param}: {exc}", param=param) from None
 
     def abort_for_shutdown(self) -> int:
         """The grace period is over: end every generation still running (streams get a last
@@ -125,7 +144,8 @@ class ServerState:
             early.append(event)
         if refused is not None:
             job.abort()
-            raise self._failure(refused, len(gen.prompts[refused.index]), accepted=False)
+            prompt = gen.prompts[refused.index // gen.sampling.num_samples]
+            raise self._failure(refused, len(prompt), accepted=False)
         return early
 
     def _failure(self, event: Event, prompt_tokens: int, *, accepted: bool) -> APIError:
@@ -139,7 +159,7 @@ class ServerState:
         return APIError(503, "the server shut down before the request finished; retry later")
 
     async def _complete(self, request: Request, job: Job, choices: list[Choice],
-                        docs: Documents, early: list[Event]) -> Response:
+                        docs: Documents, early: list[Event], gen: Generation) -> Response:
         for event in early:
             choices[event.index].add(event)
 
@@ -163,7 +183,8 @@ class ServerState:
         for choice in choices:
             if choice.finish_reason not in SERVED:
                 raise self._failure(_final_of(choice), choice.prompt_tokens, accepted=True)
-        return JSONResponse(docs.full(choices))
+        return JSONResponse(docs.full(best_choices(choices, gen.sampling.n,
+                                                   gen.sampling.num_samples)))
 
     async def _chunks(self, job: Job, choices: list[Choice], docs: Documents,
                       include_usage: bool, early: list[Event]) -> AsyncIterator[dict[str, Any]]:

@@ -26,6 +26,7 @@ from plugserve.server.logprob_docs import (
     completion_logprobs,
     vllm_prompt_logprobs,
 )
+from plugserve.server.tool_output import ToolAnswer, ToolMode
 
 
 def new_id(prefix: str) -> str:
@@ -52,6 +53,7 @@ class Choice:
     include_stop: bool = False
     keep_tokens: bool = True  # False: max_tokens 0 (the one sampled token is not returned)
     prompt_ids: list[int] = field(default_factory=list)
+    counts_prompt: bool = True  # n > 1: only a prompt's first sample counts it in usage
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[Top] = field(default_factory=list)
@@ -103,12 +105,28 @@ class Choice:
         return len(self.token_ids)
 
 
+def best_choices(choices: list[Choice], n: int, per_prompt: int) -> list[Choice]:
+    """best_of > n: per prompt, the n samples of the highest cumulative logprob (ties: the
+    lower sample first), indexed prompt_i * n + rank as OpenAI does."""
+    if per_prompt == n:
+        return choices
+    out: list[Choice] = []
+    for start in range(0, len(choices), per_prompt):
+        group = choices[start:start + per_prompt]
+        ranked = sorted(group, key=lambda c: -sum(c.logprobs))[:n]
+        for rank, choice in enumerate(ranked):
+            choice.index, choice.counts_prompt = len(out), rank == 0
+            out.append(choice)
+    return out
+
+
 def usage(choices: list[Choice]) -> dict[str, Any]:
-    prompt = sum(c.prompt_tokens for c in choices)
+    """Prompt tokens once per prompt (however many samples it has), completions summed."""
+    prompt = sum(c.prompt_tokens for c in choices if c.counts_prompt)
     completion = sum(c.completion_tokens for c in choices)
     out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
                            "total_tokens": prompt + completion}
-    cached = sum(c.cached_tokens for c in choices)
+    cached = sum(c.cached_tokens for c in choices if c.counts_prompt)
     out["prompt_tokens_details"] = {"cached_tokens": cached}
     return out
 
@@ -118,7 +136,7 @@ class Documents:
 
     def __init__(self, kind: str, model: str, decode: Callable[..., str], *, logprobs: bool,
                  token_ids: bool, echo: bool = False, prompt_logprobs: bool = False,
-                 skip_special_tokens: bool = True) -> None:
+                 skip_special_tokens: bool = True, tools: ToolMode | None = None) -> None:
         self.chat = kind == "chat"
         self.id = new_id("chatcmpl" if self.chat else "cmpl")
         self.created = int(time.time())
@@ -130,6 +148,13 @@ class Documents:
         self.echo = echo
         self.want_prompt_logprobs = prompt_logprobs
         self.skip_special = skip_special_tokens
+        self.tools = tools
+        self._tool_answers: dict[int, ToolAnswer] = {}
+
+    def _tool_answer(self, choice: Choice) -> ToolAnswer | None:
+        if self.tools is None or not self.chat:
+            return None
+        return self._tool_answers.setdefault(choice.index, ToolAnswer(self.tools))
 
     def render(self, ids: list[int]) -> str:
         if self.skip_special:
@@ -175,7 +200,13 @@ class Documents:
             item: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason,
                                     "logprobs": self._logprobs(c.token_ids, c.logprobs,
                                                                c.top_logprobs or None, 0, echo)}
-            if self.chat:
+            answer = self._tool_answer(c)
+            if answer is not None:
+                content, calls, item["finish_reason"] = answer.full(c.text, c.finish_reason)
+                item["message"] = {"role": "assistant", "content": content}
+                if calls:
+                    item["message"]["tool_calls"] = [call.document() for call in calls]
+            elif self.chat:
                 item["message"] = {"role": "assistant", "content": c.text}
             else:
                 item["text"] = self.echo_text(c) + c.text
@@ -206,8 +237,15 @@ class Documents:
                                                            delta.top_logprobs, offset)}
         if self.chat:
             fields: dict[str, Any] = {"role": "assistant"} if role else {}
-            if delta.text or role:
-                fields["content"] = delta.text
+            text = delta.text
+            answer = None if role else self._tool_answer(choice)
+            if answer is not None:
+                text, calls, item["finish_reason"] = answer.stream(choice.sent_text,
+                                                                   finish_reason)
+                if calls:
+                    fields["tool_calls"] = calls
+            if text or role:
+                fields["content"] = text
             item["delta"] = fields
         else:
             item["text"] = delta.text

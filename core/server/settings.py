@@ -34,9 +34,16 @@ class ServerSettings(BaseSettings):
         default=10.0, ge=0, description="on SIGINT/SIGTERM, how long running requests may finish"
     )
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 503")
+    max_n: int = Field(
+        default=16, ge=1, description="most samples a request may ask per prompt (n, best_of)"
+    )
     max_logprobs: int = Field(
         default=20, ge=0, description="most alternatives a request may ask per token (vLLM's "
         "--max-logprobs)"
+    )
+    tool_call_parser: str = Field(
+        default="hermes", description="how tool calls are read from chat output (a registered "
+        "tool parser)"
     )
 
 

@@ -19,6 +19,14 @@ class Req:
         # A turn of this streaming session: input_ids is the whole conversation so far plus
         # the turn's new tokens, and the session lends its KV (see plugserve.mem.session_kv).
         self.session_id = session_id
+        # n > 1 (and best_of): sample `sample_index` of a group. Every sample but the first
+        # has `fork_parent`, the group's first sample: it waits until the parent's prompt is
+        # in the prefix cache, then forks its full pages (KVManager.can_fork / fork).
+        self.sample_index = 0
+        self.fork_parent: Req | None = None
+        self.group: list[Req] = [self]  # on the first sample: every sample, in index order
+        # Whether the caller asked for logprobs (best_of > n computes them to rank samples).
+        self.logprobs_asked = sampling.logprobs
         self.origin_input_ids = input_ids
         self.output_ids: list[int] = []
         self.sampling = sampling
@@ -81,6 +89,10 @@ class Req:
         # A speculative algorithm's progress for this request, touched only on the forward
         # thread (see plugserve.spec.base).
         self.spec_state: Any = None
+        # Structured output: the compile of its grammar (a Future, started at submit), then,
+        # once admitted, its matcher state (plugserve.grammar.state.GrammarState).
+        self.grammar_future: Any = None
+        self.grammar: Any = None
 
     @property
     def all_ids(self) -> list[int]:

@@ -25,7 +25,8 @@ Case = tuple[type, str, dict[str, Any]]
 EXPECTED: dict[str, tuple[list[Case], list[Case]]] = {
     "cache_forgets_duplicates": (
         [(K, "test_duplicates_are_reported", {"page_size": 4}), (K, RANDOM, {"page_size": 1}),
-         (E, "test_greedy_and_prefix_reuse", {"page_size": 16})],
+         (E, "test_greedy_and_prefix_reuse", {"page_size": 16}),
+         (E, "test_n_samples_fork_the_prompt", {"page_size": 16})],
         [(K, "test_matches_are_whole_pages_of_stored_slots", {"page_size": 4}),
          (K, "test_locked_entries_survive_eviction", {"page_size": 4})],
     ),
@@ -34,7 +35,8 @@ EXPECTED: dict[str, tuple[list[Case], list[Case]]] = {
          (K, RANDOM, {"page_size": 4}),
          (E, "test_retract_and_evict_on_a_small_pool", {"page_size": 16})],
         [(K, "test_duplicates_are_reported", {"page_size": 4}),
-         (E, "test_greedy_and_prefix_reuse", {"page_size": 16})],
+         (E, "test_greedy_and_prefix_reuse", {"page_size": 16}),
+         (E, "test_n_samples_fork_the_prompt", {"page_size": 4})],
     ),
     "cache_unaligned_match": (
         [(K, "test_matches_are_whole_pages_of_stored_slots", {"page_size": 4}),

@@ -70,7 +70,15 @@ CASES: list[tuple[str, str, str, Any, int, str, str | None]] = [
      "(0, 1], got 0", "top_p"),
     ("top_k 0", "POST", C, {"prompt": "x", "top_k": 0}, 400, "top_k must be -1", "top_k"),
     ("seed as float", "POST", C, {"prompt": "x", "seed": 1.5}, 400, "seed", "seed"),
-    ("n=2", "POST", C, {"prompt": "x", "n": 2}, 400, "n must be 1, got 2", "n"),
+    ("n=0", "POST", C, {"prompt": "x", "n": 0}, 400, "n must be at least 1, got 0", "n"),
+    ("n over --max-n", "POST", C, {"prompt": "x", "n": 17}, 400,
+     "n is 17; this server allows at most 16 samples per prompt (--max-n)", "n"),
+    ("best_of below n", "POST", C, {"prompt": "x", "n": 3, "best_of": 2}, 400,
+     "best_of must be at least n (3), got 2", None),
+    ("best_of over --max-n", "POST", C, {"prompt": "x", "best_of": 20}, 400,
+     "best_of is 20; this server allows at most 16", "best_of"),
+    ("streamed best_of > n", "POST", C, {"prompt": "x", "best_of": 2, "stream": True}, 400,
+     "best_of (2) > n (1) cannot be streamed", "best_of"),
     ("logprobs over the limit", "POST", C, {"prompt": "x", "logprobs": 21}, 400,
      "logprobs must be in [0, 20] (--max-logprobs), got 21", "logprobs"),
     ("prompt_logprobs over the limit", "POST", C, {"prompt": "x", "prompt_logprobs": 50}, 400,
@@ -145,7 +153,7 @@ def test_huge_chunked_body(http: httpx.Client) -> None:
 
 
 def test_rejections_counted(http: httpx.Client) -> None:
-    http.post(C, json={"prompt": "x", "n": 3})
+    http.post(C, json={"prompt": "x", "n": 0})
     text = http.get("/metrics").text
     assert 'plugserve_http_errors_total{status="400",type="invalid_request_error"}' in text
     assert 'plugserve_requests_total{outcome="rejected"}' in text

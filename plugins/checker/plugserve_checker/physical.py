@@ -1,8 +1,11 @@
-"""Physical checks (PLUGSERVE_CHECK_PAGES=1): lengths, use after free, double free."""
+"""Physical checks (PLUGSERVE_CHECK_PAGES=1): lengths, use after free, double free, and
+every live request's cached prefix locked."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from plugserve.pools.swa_pool import HybridAllocator
 from plugserve.structs.req import Req
@@ -55,6 +58,27 @@ def check_pages(scheduler: Any, reqs: list[Req]) -> None:
         )
     if isinstance(kv.full.allocator, HybridAllocator):
         _check_swa_pages(kv.full.allocator, owned, free_set)
+    _check_prefixes_locked(kv, reqs)
+
+
+def _check_prefixes_locked(kv: Any, reqs: list[Req]) -> None:
+    """The slots of live requests' protected prefixes (shared ones, e.g. the samples of an
+    n > 1 request that forked one prompt, counted once) are all locked by the prefix cache:
+    a request that reads cached pages without holding a lock leaves them evictable, and the
+    cache would hand them out while it still reads them."""
+    prefixes = [kv.rows.req_to_token[r.req_pool_idx, : r.cache_protected_len]
+                for r in reqs if r.cache_protected_len and r.req_pool_idx is not None]
+    if not prefixes:
+        return
+    needed = int(torch.unique(torch.cat(prefixes)).numel())
+    locked = kv.cache.protected_size()
+    if needed > locked:
+        forked = sorted(r.rid for r in reqs if r.fork_parent is not None)
+        raise KVCorruptionError(
+            f"unlocked prefix: live requests' protected prefixes cover {needed} cached slots "
+            f"but the prefix cache locks only {locked}; a request reads cached pages it holds "
+            f"no lock on (forked samples among them: {forked[:8]})"
+        )
 
 
 def _check_swa_pages(alloc: HybridAllocator, owned: dict[int, str], full_free: set[int]) -> None:

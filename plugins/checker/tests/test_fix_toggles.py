@@ -11,7 +11,7 @@ from plugserve.engine import Engine
 from plugserve.mem.manager import KVManager
 from plugserve.sampling import SamplingParams
 from plugserve.testing import EngineTest
-from plugserve_checker.errors import KVAccountingError
+from plugserve_checker.errors import KVAccountingError, KVCorruptionError
 
 LONG = SamplingParams(max_new_tokens=40, ignore_eos=True)
 
@@ -98,3 +98,34 @@ class TestRetractNoReset(EngineTest):
         with self.engine(model=str(tiny_model_dir)) as engine:
             with pytest.raises(RuntimeError, match="a retract must reset its lengths"):
                 engine.generate(_prompts(4, 10), LONG)
+
+
+def _fork_then_abort_parent(engine: Engine) -> None:
+    """Three samples fork the parent's cached prompt; then the parent is aborted, so only the
+    samples' own locks keep the prompt's pages from being evicted."""
+    prompt = [(11 * i + 5) % 240 + 3 for i in range(40)]
+    parent = engine.submit(prompt, SamplingParams(max_new_tokens=12, ignore_eos=True, n=3))
+    for _ in range(3):
+        engine.step()
+    assert all(r.req_pool_idx is not None for r in parent.group)  # all forked and running
+    engine.abort(parent)
+    for _ in range(100):
+        if not engine.step() and engine.is_idle():
+            break
+
+
+class TestForkWithoutLock(EngineTest):
+    env = {"PLUGSERVE_PAGE_SIZE": "4"}
+
+    def test_fixed(self, tiny_model_dir: Path) -> None:
+        with self.engine(model=str(tiny_model_dir)) as engine:
+            _fork_then_abort_parent(engine)
+            self.assert_idle_memory_whole(engine)
+
+    def test_reverted_fails(self, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("PLUGSERVE_REVERT_FIX", "fork_without_lock")
+        with self.engine(model=str(tiny_model_dir)) as engine, pytest.raises(
+            KVCorruptionError, match="unlocked prefix: live requests' protected prefixes cover"
+        ):
+            # Once the parent's lock is gone, the samples read pages nobody locks.
+            _fork_then_abort_parent(engine)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from plugserve.config import EngineConfig
+from plugserve.grammar.constraint import token_constraint
 from plugserve.pools.kv_pool import KVPool
 from plugserve.spec.base import SpecAlgorithm, SpecContext, SpecDecodeOutput
 from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
@@ -125,9 +126,12 @@ class EagleAlgorithm(SpecAlgorithm):
         t1 = self._time("draft", t0)
         logits, hidden = self._verify(row_ids, rows, states, tree)
         t2 = self._time("verify", t1)
+        constraints = [
+            token_constraint(self.ctx.grammar, r, s.token_ids[len(r.origin_input_ids):])
+            for r, s in zip(step.reqs, states, strict=True)]
         accepted = accept_all(tree, logits.view(len(states), tree.num_nodes, -1),
                               [r.sampling for r in step.reqs],
-                              [r.generator for r in step.reqs])
+                              [r.generator for r in step.reqs], constraints)
         if self.shard is not None:  # what every rank keeps and emits: rank 0's choice
             accepted = self.shard.broadcast_object(accepted)
         self._move_accepted_kv(rows, states, [a.path for a in accepted])

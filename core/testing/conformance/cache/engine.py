@@ -23,6 +23,7 @@ from plugserve.testing.conformance.generations import (
     assert_checked_and_whole,
     assert_tokens,
     generate_greedy,
+    greedy,
 )
 from plugserve.testing.conformance.requirements import requires
 from plugserve.testing.engine_test import EngineTest
@@ -101,6 +102,37 @@ class TestCacheEngine(CacheEngineTest):
             self.generate_rounds(engine, tiny_model_dir, "long", rounds=2)
             retracted = engine.stats()["retracted_reqs"]
         assert retracted > 0, "the 128-slot pool was meant to force retracts"
+
+    @PAGES
+    @LOOPS
+    def test_n_samples_fork_the_prompt(self, page_size: int, overlap: bool,
+                                       tiny_model_dir: Path) -> None:
+        """n = 3 per prompt: every sample equals transformers; with a policy that caches a
+        running request's prompt the samples fork it (their cached tokens are the whole
+        pages before the last prompt token), and the checker holds after every step."""
+        from dataclasses import replace
+
+        prompts, max_new = workload("shared")
+        expected = hf_reference(str(tiny_model_dir), "shared")
+        with self.policy_engine(tiny_model_dir, page_size=page_size, overlap=overlap) as engine:
+            results = engine.generate(prompts, [replace(sp, n=3) for sp in greedy(max_new)])
+            assert_checked_and_whole(engine)
+        forks = self.target.capabilities.prefix_sharing and engine.kv.forks.enabled
+        forked = 0
+        for r, want, prompt in zip(results, expected, prompts, strict=True):
+            assert r.error is None, r.error
+            assert_tokens([s.token_ids for s in r.samples], [want] * 3,
+                          f"cache policy {self.target.name!r}, n=3: a sample differs from "
+                          "transformers fp32")
+            shared = (len(prompt) - 1) // page_size * page_size
+            cached = [int(s.stats["cached_tokens"]) for s in r.samples[1:]]
+            assert all(n % page_size == 0 and n < len(prompt) for n in cached), cached
+            forked += shared > 0 and cached == [shared] * 2
+        # A policy may hold less than a running prompt (a bound): then the samples wait for
+        # the parent's end and match what is left. Some must fork all the same.
+        if forks:
+            assert forked > 0, (f"cache policy {self.target.name!r}: no sample forked its "
+                                "parent's cached prompt")
 
 
 class TestCacheEngineSessions(CacheEngineTest):

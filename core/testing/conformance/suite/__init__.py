@@ -15,6 +15,7 @@ from plugserve.testing.conformance.suite.engine import (
 from plugserve.testing.conformance.suite.kernel import (
     TestKernelDecode,
     TestKernelExtend,
+    TestKernelKVCacheDtype,
     TestKernelSlidingWindow,
     TestKernelSpeculative,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "TestEngineTensorParallel",
     "TestKernelDecode",
     "TestKernelExtend",
+    "TestKernelKVCacheDtype",
     "TestKernelSlidingWindow",
     "TestKernelSpeculative",
 ]
