@@ -1,5 +1,5 @@
-"""Built-in plugin: the reference attention backend, the core cache policies and the core's
-fix toggles.
+"""Built-in plugin: the reference attention backend, the core cache policies, the Hermes
+tool-call parser and the core's fix toggles.
 
 Registered through exactly the same hooks as external plugins; it is essential and cannot be
 disabled.
@@ -17,6 +17,7 @@ from plugserve.registry import (
     RegisterCachePolicy,
     RegisterFixToggle,
     RegisterSpecAlgorithm,
+    RegisterToolParser,
     SpecCapabilities,
 )
 
@@ -53,6 +54,18 @@ def _no_cache() -> Any:
 
 def _no_spec() -> Any:
     return None
+
+
+def _hermes() -> Any:
+    from plugserve.tools.hermes import HermesToolParser
+
+    return HermesToolParser
+
+
+@hookimpl
+def plugserve_register_tool_parsers(register: RegisterToolParser) -> None:
+    register("hermes", _hermes,
+             description="Hermes / Qwen: <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>")
 
 
 @hookimpl
@@ -108,11 +121,12 @@ def plugserve_register_fix_toggles(register: RegisterFixToggle) -> None:
     from plugserve.mem.session_kv import SESSION_DOUBLE_COUNT, SESSION_RETRACT_TAIL_LEAK
     from plugserve.mem.spec_accounting import SPEC_V2_BONUS_PRECLAIM
     from plugserve.mem.swa_window import SWA_EVICT_PARTIAL_PAGE, SWA_UNCACHED_FROM_PROTECTED
+    from plugserve.parallel.cross_check import TP_RANK1_SKIPS_FREE
     from plugserve.sched.scheduler import BATCH_IDENTITY
 
     for toggle in (
         BATCH_IDENTITY, FINISH_OVERALLOC_UNALIGNED, RETRACT_NO_RESET, SPEC_V2_BONUS_PRECLAIM,
         SESSION_DOUBLE_COUNT, SESSION_RETRACT_TAIL_LEAK, SWA_UNCACHED_FROM_PROTECTED,
-        SWA_EVICT_PARTIAL_PAGE, SWA_MATCH_ACROSS_TOMBSTONE,
+        SWA_EVICT_PARTIAL_PAGE, SWA_MATCH_ACROSS_TOMBSTONE, TP_RANK1_SKIPS_FREE,
     ):
         register(toggle, toggle.description)

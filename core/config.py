@@ -38,6 +38,9 @@ class EngineConfig(BaseSettings):
     attention: str = "torch_native"
     cache: str = "radix"
     spec: str = "none"
+    grammar_backend: str = Field(
+        default="xgrammar", description="grammar backend for structured outputs (plugin name)"
+    )
     plugins: str | None = Field(
         default=None,
         description="comma-separated allowlist of external plugins to load; '' = built-ins only",
@@ -81,6 +84,22 @@ class EngineConfig(BaseSettings):
     spec_topk: int = Field(default=1, ge=1)
     spec_draft_tokens: int | None = Field(default=None, ge=1)
 
+    # Tensor parallelism (plugserve.parallel): the model's heads, MLP and vocabulary split over
+    # tp_size ranks, each holding its own KV pools for its heads.
+    tp_size: int = Field(
+        default=1, ge=1,
+        description="tensor-parallel ranks; > 1 starts the other ranks (or joins torchrun's)",
+    )
+    tp_backend: str | None = Field(
+        default=None,
+        description="torch.distributed backend of the model's collectives; None = gloo on the "
+        "CPU, nccl on CUDA",
+    )
+    tp_timeout_s: float = Field(
+        default=120.0, gt=0,
+        description="seconds a busy rank waits for the others in a collective before it fails",
+    )
+
     # Accounting checks.
     mem_check: int = Field(default=0, ge=0, le=2, description="0 off, 1 quiet, 2 verbose")
     check_pages: bool = False
@@ -107,6 +126,13 @@ class EngineConfig(BaseSettings):
                 f"swa_pool_tokens must be a positive number of KV slots (or unset for the "
                 f"default size), got {value!r}"
             )
+        return value
+
+    @field_validator("tp_backend")
+    @classmethod
+    def _known_tp_backend(cls, value: str | None) -> str | None:
+        if value is not None and value not in ("gloo", "nccl"):
+            raise ValueError(f"tp_backend must be 'gloo' or 'nccl' (or unset), got {value!r}")
         return value
 
     @field_validator("device")

@@ -14,20 +14,28 @@ from plugserve.attention.base import AttentionContext
 from plugserve.config import EngineConfig
 from plugserve.device import device_problems
 from plugserve.fixes import unknown_reverts
+from plugserve.grammar.base import GrammarCapabilities, GrammarContext
+from plugserve.grammar.service import GrammarService
 from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
 from plugserve.outputs import GenerateResult, StreamEvent, generate_result
+from plugserve.parallel.cross_check import TP_RANK1_SKIPS_FREE, CrossRankCheck, skip_one_free
+from plugserve.parallel.leader import LeaderScheduler
+from plugserve.parallel.runner import TPModelRunner
+from plugserve.parallel.runtime import TensorParallel
 from plugserve.plugins import PluginHost, load_plugins
 from plugserve.pools.allocator import ceil_align
 from plugserve.request_input import PromptError, token_ids
+from plugserve.runner.grammar_step import GrammarMask
 from plugserve.runner.model_runner import ModelRunner
 from plugserve.sampling import SamplingParams, is_int
 from plugserve.sched.scheduler import Scheduler
 from plugserve.spec.base import SpecAlgorithm, SpecContext
 from plugserve.structs.req import Req
 from plugserve.structs.spec_footprint import SpecFootprint
+from plugserve.structured import GrammarSpec
 from plugserve.validation import validate_config
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,13 +73,28 @@ class Engine:
         elif overrides:
             config = config.model_copy(update=overrides)
         self.config = config
+        self._plugins = tuple(plugins)
         self.host: PluginHost = load_plugins(plugins, allowlist=config.plugins)
         reasons = validate_config(config, self.host.registries)
         reasons += unknown_reverts(config.revert_fixes, self.host.fix_toggles)
         reasons += device_problems(config.device)
         _refuse(reasons)
         torch.manual_seed(config.seed)
-        self._build(config)
+        self.tp: TensorParallel | None = None
+        try:
+            self._build(config)
+        except BaseException:
+            if self.tp is not None:  # the other ranks must not wait for this one
+                self.tp.close(abandon=True)
+            raise
+
+    @classmethod
+    def run_follower(cls, config: EngineConfig, plugins: Sequence[str] = ()) -> None:
+        """On a tensor-parallel rank > 0 (torchrun's RANK): build this rank's engine and
+        follow rank 0 until it closes (`plugserve.parallel.follower`)."""
+        from plugserve.parallel.follower import run_follower_rank
+
+        run_follower_rank(cls, config, plugins)
 
     # --- start-up ---------------------------------------------------------------------------
     def _build(self, cfg: EngineConfig) -> None:
@@ -79,6 +102,11 @@ class Engine:
 
         self.device = torch.device(cfg.device)
         self.dtype = _torch_dtype(cfg.dtype)
+        if cfg.tp_size > 1:  # every start-up check between the ranks, before any weight
+            from plugserve.model.tp_loader import model_arch
+
+            self.tp = TensorParallel.start(cfg, model_arch(cfg.model), self._plugins, type(self))
+            self.device = self.tp.device
         if self.device.type == "cpu":
             from plugserve.kernels import build as cpu_kernels
             from plugserve.kernels.cpu_malloc import keep_freed_memory
@@ -87,9 +115,11 @@ class Engine:
             # Compile the CPU kernels now (first start only, with a visible status), never
             # inside a request.
             cpu_kernels.prepare()
-        loaded = load_model(cfg.model, dtype=self.dtype, device=self.device)
+        loaded = load_model(cfg.model, dtype=self.dtype, device=self.device,
+                            shard=self.tp.shard if self.tp is not None else None)
         self.model = loaded.model
         self.arch = loaded.arch
+        rank_arch = loaded.rank_arch  # this rank's heads (all of them without TP)
         self.tokenizer = loaded.tokenizer
         arch = self.arch
         registries = self.host.registries
@@ -110,8 +140,8 @@ class Engine:
                                arch.max_position_embeddings - spec_margin)
         attention = registries.attention.get(cfg.attention)
         backend_cls = attention.load()
-        attention_ctx = AttentionContext(
-            num_heads=arch.num_attention_heads, num_kv_heads=arch.num_key_value_heads,
+        attention_ctx = AttentionContext(  # this rank's heads (all of them without TP)
+            num_heads=rank_arch.num_attention_heads, num_kv_heads=rank_arch.num_key_value_heads,
             head_dim=arch.head_dim, page_size=cfg.page_size,
             max_batch_size=cfg.max_running_requests, context_len=self.context_len,
             dtype=self.dtype, device=self.device, spec_topk=cfg.spec_topk,
@@ -123,8 +153,8 @@ class Engine:
             # What the backend refuses for this model, before any KV memory is allocated.
             _refuse(model_reasons + backend_cls.validate(attention_ctx))
             memory = build_kv_memory(
-                cfg, arch, dtype=self.dtype, device=self.device, context_len=self.context_len,
-                attention_caps=attention.capabilities,
+                cfg, rank_arch, dtype=self.dtype, device=self.device,
+                context_len=self.context_len, attention_caps=attention.capabilities,
                 cache_entry=registries.cache.get(cfg.cache), footprint=footprint,
             )
         except KVSizeError as exc:
@@ -134,8 +164,13 @@ class Engine:
         self.swa_layer_ids = memory.swa_layer_ids
         num_pages, rows = memory.num_pages, memory.kv.rows
         self.backend = backend_cls(attention_ctx)
-        self.runner = ModelRunner(self.model, self.backend, self.kv_pool, rows,
-                                  self.context_len, self.device, self.tokenizer.eos_token_ids)
+        runner_args = (self.model, self.backend, self.kv_pool, rows, self.context_len,
+                       self.device, self.tokenizer.eos_token_ids)
+        self.runner = (ModelRunner(*runner_args) if self.tp is None
+                       else TPModelRunner(*runner_args, shard=self.tp.shard))
+        self.grammar = self._grammar_service(cfg)
+        if self.grammar is not None:
+            self.runner.sampler.steps.append(GrammarMask(self.grammar, self.runner.time_s))
         self.spec: SpecAlgorithm | None = None
         if spec_cls is not None:
             self.spec = spec_cls(
@@ -143,18 +178,61 @@ class Engine:
                     config=cfg, target=self.model, arch=arch, backend=self.backend,
                     target_kv_pool=self.kv_pool, req_to_token_pool=rows,
                     num_pages=num_pages, dtype=self.dtype, device=self.device,
-                    time_s=self.runner.time_s,
+                    time_s=self.runner.time_s, grammar=self.grammar,
                 )
             )
             self.runner.spec = self.spec
-        self.scheduler = Scheduler(
-            cfg, self.runner, self.kv, self.hook_pm.hook, self.tokenizer.eos_token_ids,
-            self.tokenizer.decode, spec=self.spec,
+        sched_args = (cfg, self.runner, self.kv, self.hook_pm.hook, self.tokenizer.eos_token_ids,
+                      self.tokenizer.decode)
+        self.scheduler = (
+            LeaderScheduler(*sched_args, spec=self.spec, tp=self.tp)
+            if self.tp is not None and self.tp.leads else Scheduler(*sched_args, spec=self.spec)
         )
+        if self.tp is not None and TP_RANK1_SKIPS_FREE in cfg.revert_fixes and self.tp.rank == 1:
+            skip_one_free(self.kv.allocator)
+        if self.tp is not None:
+            self.tp.wait_for_all_built()
         self.hook_pm.hook.plugserve_engine_configured(config=cfg, scheduler=self.scheduler)
         self._rids = itertools.count()
         self._closed = False
         self._failed: BaseException | None = None
+
+    def _grammar_service(self, cfg: EngineConfig) -> GrammarService | None:
+        """The selected grammar backend's compile service (None when none is installed: a
+        constrained request is then refused with the reason). Nothing is built yet."""
+        registry = self.host.registries.grammar
+        if cfg.grammar_backend not in registry:
+            return None
+        entry = registry.get(cfg.grammar_backend)
+        caps = entry.capabilities
+        return GrammarService(
+            entry.name, entry.load, caps if isinstance(caps, GrammarCapabilities)
+            else GrammarCapabilities(),
+            GrammarContext(self.arch.vocab_size, self.tokenizer, self.tokenizer.eos_token_ids))
+
+    def compile_grammar(self, spec: GrammarSpec) -> Any:
+        """A Future of `spec`'s compiled grammar (cached), raising `GrammarError` when it is
+        invalid: a server awaits it to refuse a bad schema before queueing the request."""
+        problem = self._grammar_problem(spec)
+        if problem is not None:
+            from plugserve.grammar.base import GrammarError
+
+            raise GrammarError(problem)
+        assert self.grammar is not None
+        return self.grammar.compile(spec)
+
+    def _grammar_problem(self, spec: GrammarSpec) -> str | None:
+        if self.grammar is None:
+            return (f"structured outputs need a grammar backend; {self.config.grammar_backend!r}"
+                    f" is not installed (installed: "
+                    f"{', '.join(self.host.registries.grammar.names()) or 'none'}; pip install "
+                    "plugserve-grammar-xgrammar)")
+        return self.grammar.unsupported(spec)
+
+    def _spec_checks_grammar(self) -> bool:
+        """The speculative algorithm checks its drafts against a request's grammar."""
+        caps = self.host.registries.spec.get(self.config.spec).capabilities
+        return bool(getattr(caps, "grammar", False))
 
     def _lifecycle_plugins(self) -> pluggy.PluginManager:
         """A hook relay for this engine alone: the loaded plugins plus this engine's checker
@@ -164,7 +242,9 @@ class Engine:
             if self.config.mem_check > 0
             else []
         )
-        return self.host.engine_hooks(self.checkers)
+        # Every rank's KV terms compared with rank 0's (tensor parallelism, checker on).
+        cross = [CrossRankCheck(self.tp)] if self.tp is not None and self.checkers else []
+        return self.host.engine_hooks([*cross, *self.checkers])
 
     # --- requests ---------------------------------------------------------------------------
     def _to_ids(self, prompt: str | list[int], chat: bool) -> list[int]:
@@ -191,8 +271,14 @@ class Engine:
         need = min(len(ids) + new_tokens, self.context_len)
         if self.spec_footprint is not None:
             need += self.spec_footprint.reserve_len  # a speculative round's slots past them
-        if self.spec is not None and sp.decode_time_fields():
-            out.append(f"{', '.join(sp.decode_time_fields())} cannot be used with speculative "
+        if isinstance(sp.structured_outputs, GrammarSpec) and not sp.structured_outputs.problems():
+            grammar_problem = self._grammar_problem(sp.structured_outputs)
+            if grammar_problem is not None:
+                out.append(grammar_problem)
+        spec_refused = [f for f in sp.decode_time_fields()
+                        if f != "structured_outputs" or not self._spec_checks_grammar()]
+        if self.spec is not None and spec_refused:
+            out.append(f"{', '.join(spec_refused)} cannot be used with speculative "
                        f"decoding (spec={self.config.spec!r}) yet")
         total = self.kv.allocator.total_slots
         if ids and ceil_align(need, self.config.page_size) > total:
@@ -245,20 +331,26 @@ class Engine:
             req.finish_released = True
         else:
             req = Req(rid, ids, sp, session_id=session_id)
+            if sp.structured_outputs is not None and self.grammar is not None:
+                req.grammar_future = self.grammar.compile(sp.structured_outputs)
             if session_id is not None:
                 self._session(session_id).begin_turn(req, session_offset)
             self.scheduler.add_request(req)
+            self._record(("submit", rid, ids, sp, session_id, session_offset))
         return req
 
     # --- streaming sessions -----------------------------------------------------------------
     def open_session(self, timeout_s: float = 600.0) -> str:
         """Open a streaming session: its KV stays between turns (`generate(...,
         session_id=)`); closed by `close_session` or after `timeout_s` idle seconds."""
-        return self._session(None).store.open(timeout_s).session_id
+        session_id = self._session(None).store.open(timeout_s).session_id
+        self._record(("open_session", timeout_s, session_id))
+        return session_id
 
     def close_session(self, session_id: str) -> None:
         """Free everything the session holds (no turn may be in progress)."""
         self._session(session_id).close(session_id)
+        self._record(("close_session", session_id))
 
     def _session(self, session_id: str | None) -> SessionKV:
         sessions = self.kv.sessions
@@ -267,8 +359,19 @@ class Engine:
                 f"sessions need a cache policy that supports them; cache={self.config.cache!r} "
                 "does not: use cache='streaming_session' (--cache streaming_session)"
             )
-        sessions.reap()
+        for closed in sessions.reap():  # timed out (rank 0's clock decides for every rank)
+            self._record(("close_session", closed))
         return sessions
+
+    def _record(self, command: tuple[Any, ...]) -> None:
+        """Tensor parallelism: the other ranks make this change to their scheduler's work
+        before the next step (`plugserve.parallel.leader`)."""
+        if self.tp is not None:
+            self.tp.record(command)
+
+    def rank_problem(self) -> str | None:
+        """Why another tensor-parallel rank cannot serve (it died or failed), or None."""
+        return self.tp.problem() if self.tp is not None else None
 
     def abort(self, req: Req) -> bool:
         return self.scheduler.abort(req.rid)
@@ -401,6 +504,8 @@ class Engine:
         out["cache_evictable_slots"] = full.evictable_size()
         out["cache_protected_slots"] = full.protected_size()
         out["kv_pools"] = {t.pool: vars(t) for t in self.scheduler.kv_terms()}
+        if self.tp is not None:
+            out["tensor_parallel"] = self.tp.stats()
         for checker in self.checkers:
             if hasattr(checker, "counters"):
                 out.setdefault("checker", {}).update(checker.counters())
@@ -464,6 +569,10 @@ class Engine:
     def close(self) -> None:
         if not self._closed:
             self.scheduler.close()
+            if self.grammar is not None:
+                self.grammar.close()
+            if self.tp is not None:
+                self.tp.close()
             self._closed = True
 
     def __enter__(self) -> Engine:

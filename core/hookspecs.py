@@ -18,8 +18,10 @@ if TYPE_CHECKING:
         RegisterAttentionBackend,
         RegisterCachePolicy,
         RegisterFixToggle,
+        RegisterGrammarBackend,
         RegisterInvariantChecker,
         RegisterSpecAlgorithm,
+        RegisterToolParser,
     )
 
 PROJECT_NAME = "plugserve"
@@ -79,6 +81,27 @@ def plugserve_register_fix_toggles(register: RegisterFixToggle) -> None:
 
     Called once at plugin load. Call `register(name, description)` for each toggle this plugin
     guards; `PLUGSERVE_REVERT_FIX=name` then puts that fix's old behaviour back. Return nothing.
+    """
+
+
+@hookspec
+def plugserve_register_grammar_backends(register: RegisterGrammarBackend) -> None:
+    """Register grammar backends (structured outputs: JSON schema, regex, choice, EBNF).
+
+    Called once at plugin load. Call `register(name, loader, capabilities, description=...)`;
+    `loader()` returns a `plugserve.grammar.GrammarBackend` subclass, built once per engine
+    as `cls(GrammarContext)` the first time a request asks for structured output.
+    `capabilities` is a `GrammarCapabilities` (the request kinds it compiles, rollback).
+    Return nothing.
+    """
+
+
+@hookspec
+def plugserve_register_tool_parsers(register: RegisterToolParser) -> None:
+    """Register tool-call parsers: how a model family writes tool calls in its output.
+
+    Called once at plugin load. Call `register(name, loader, description=...)`; `loader()`
+    returns a `plugserve.tools.ToolParser` subclass. Return nothing.
     """
 
 

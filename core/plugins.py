@@ -23,6 +23,7 @@ import pluggy
 
 from plugserve import builtin, hookspecs
 from plugserve.attention.base import BackendCapabilities
+from plugserve.grammar.base import GrammarCapabilities
 from plugserve.registry import (
     ESSENTIAL_PLUGINS,
     CachePolicyCapabilities,
@@ -365,6 +366,8 @@ _REGISTER_HOOKS: dict[str, tuple[str, type | None]] = {
     "plugserve_register_spec_algorithms": ("spec", SpecCapabilities),
     "plugserve_register_cache_policies": ("cache", CachePolicyCapabilities),
     "plugserve_register_invariant_checkers": ("checkers", None),
+    "plugserve_register_grammar_backends": ("grammar", GrammarCapabilities),
+    "plugserve_register_tool_parsers": ("tool_parsers", None),
 }
 _FIX_TOGGLE_HOOK = "plugserve_register_fix_toggles"
 

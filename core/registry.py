@@ -16,6 +16,7 @@ from plugserve.attention.whitelist import (
     page_tree_whitelist_text,
     whitelisted_for_page_tree,
 )
+from plugserve.grammar.base import GrammarCapabilities
 
 __all__ = ["PAGE_TREE_WHITELIST", "page_tree_allowed", "page_tree_whitelist_text"]
 
@@ -45,6 +46,9 @@ class SpecCapabilities:
     # The plugin ships a draft model for the built-in default model (used when neither the
     # model nor the draft model is named).
     default_draft_for_default_model: bool = False
+    # It checks draft tokens against a request's grammar (plugserve.grammar.constraint), so
+    # structured outputs run with it; otherwise such requests are refused.
+    grammar: bool = False
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -211,6 +215,20 @@ class RegisterCachePolicy(Protocol):
     ) -> None: ...
 
 
+class RegisterGrammarBackend(Protocol):
+    def __call__(
+        self,
+        name: str,
+        loader: Callable[[], Any],
+        capabilities: GrammarCapabilities | None = None,
+        description: str = "",
+    ) -> None: ...
+
+
+class RegisterToolParser(Protocol):
+    def __call__(self, name: str, loader: Callable[[], Any], description: str = "") -> None: ...
+
+
 class RegisterInvariantChecker(Protocol):
     def __call__(self, name: str, loader: Callable[[], Any], description: str = "") -> None: ...
 
@@ -225,9 +243,12 @@ class Registries:
     spec: Registry[Any] = field(default_factory=lambda: Registry("speculative algorithm"))
     cache: Registry[Any] = field(default_factory=lambda: Registry("cache policy"))
     checkers: Registry[Any] = field(default_factory=lambda: Registry("invariant checker"))
+    grammar: Registry[Any] = field(default_factory=lambda: Registry("grammar backend"))
+    tool_parsers: Registry[Any] = field(default_factory=lambda: Registry("tool parser"))
 
     def all_entries(self) -> list[Entry[Any]]:
-        return [*self.attention, *self.spec, *self.cache, *self.checkers]
+        return [*self.attention, *self.spec, *self.cache, *self.checkers, *self.grammar,
+                *self.tool_parsers]
 
 
 @dataclass
@@ -288,7 +309,8 @@ class Staging:
                 f"{kind} {name!r}: loader must be a zero-argument callable, got {loader!r}"
             )
         # Attention backends must state their capabilities; the others have safe defaults.
-        if capabilities is None and caps_type in (SpecCapabilities, CachePolicyCapabilities):
+        defaults = (SpecCapabilities, CachePolicyCapabilities, GrammarCapabilities)
+        if capabilities is None and caps_type is not None and caps_type in defaults:
             capabilities = caps_type()
         if caps_type is not None and not isinstance(capabilities, caps_type):
             raise RegistryError(

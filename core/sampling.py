@@ -15,6 +15,8 @@ import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from plugserve.structured import GrammarSpec
+
 # The smallest positive temperature accepted. Sampling divides the logits by the temperature,
 # so a tiny one (1e-45) overflows them to inf and the softmax to NaN. Positive values below
 # this bound are *rejected*, not treated as greedy (SGLang silently switches to greedy below
@@ -73,6 +75,8 @@ class SamplingParams:
     min_tokens: int = 0
     skip_special_tokens: bool = True  # in the decoded text
     include_stop_str_in_output: bool = False  # keep the stop string that ended the text
+    # The output must match this grammar (JSON schema, regex, choice, EBNF); None = free.
+    structured_outputs: GrammarSpec | None = None
 
     def problems(self, vocab_size: int) -> list[str]:
         """Every reason these parameters are invalid (empty = valid). Never raises, whatever
@@ -121,6 +125,10 @@ class SamplingParams:
                 out.append(f"{name} must be a bool, got {describe(value)}")
         out += self._logprob_problems(vocab_size)
         out += self._logits_step_problems(vocab_size)
+        so = self.structured_outputs
+        if so is not None:
+            out += (so.problems() if isinstance(so, GrammarSpec) else
+                    [f"structured_outputs must be a GrammarSpec or None, got {describe(so)}"])
         return out
 
     def _logprob_problems(self, vocab_size: int) -> list[str]:
@@ -180,6 +188,7 @@ class SamplingParams:
             "frequency_penalty": self.frequency_penalty != 0.0,
             "logit_bias": bool(self.logit_bias),
             "min_tokens": self.min_tokens != 0,
+            "structured_outputs": self.structured_outputs is not None,
         }
         return [name for name, on in active.items() if on]
 

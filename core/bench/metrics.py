@@ -125,6 +125,9 @@ def step_breakdown(step_time_s: Mapping[str, float]) -> dict[str, Any]:
     known = {k for keys in STEP_GROUPS.values() for k in keys} | set(CONTAINER_KEYS)
     for key in sorted(set(raw) - known):  # a phase a newer engine or plugin adds
         groups[key] = raw[key]
+    if "grammar_mask" in raw and "sample" in groups:
+        # The grammar mask runs inside the sample phase: shown on its own, not twice.
+        groups["sample"] = max(0.0, groups["sample"] - raw["grammar_mask"])
     if "run" in raw:
         inside = sum(raw.get(k, 0.0) for k in RUNNER_KEYS)
         groups["other"] = max(0.0, raw["run"] - inside)

@@ -35,6 +35,12 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
         for run in report["runs"]:
             _say(console, f"{run['name']}: acceptance length {_num(run['accept_len'], 2)}, "
                           f"target forwards / token {_num(run['target_forwards_per_token'], 3)}")
+    for run in report["runs"]:
+        mask = run.get("grammar_mask")
+        if mask is not None:
+            _say(console, f"{run['name']}: grammar mask {mask['mask_ms_per_step']:.3f} ms per "
+                          f"step of {mask['step_ms']:.2f} ms ({_share(mask['share_of_step'])} "
+                          f"of the step, {mask['steps']} steps)")
     if name in ("throughput", "prefill") and "prompt_tokens" in work:
         _say(console, f"workload tokens: {work['prompt_tokens']:,} prompt, "
                       f"{work['output_tokens']:,} output")

@@ -262,9 +262,12 @@ def drive(
 
 
 def check_complete(label: str, reqs: Sequence[Req], wanted: Sequence[int]) -> None:
-    """EOS is ignored, so every request must produce exactly its output length."""
+    """EOS is ignored, so every request must produce exactly its output length (or end where
+    its grammar is complete, under `--structured`)."""
     for i, (req, n) in enumerate(zip(reqs, wanted, strict=True)):
-        if req.error or len(req.output_ids) != n:
+        grammar_done = req.grammar is not None and req.grammar.terminated_at == len(
+            req.output_ids)
+        if req.error or (len(req.output_ids) != n and not grammar_done):
             raise BenchError(
                 f"{label}: request {i} produced {len(req.output_ids)} of {n} tokens "
                 f"(finish reason {req.finished_reason!r}, error {req.error!r}); the figures "

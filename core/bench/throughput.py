@@ -26,6 +26,20 @@ MIN_LEN = 16
 # (num_seqs, max_input_len, max_output_len, seed) -> (prompt tokens, output tokens)
 CHECKSUMS = {(64, 256, 256, 0): (9536, 8224)}
 ENGINE_FIELDS_SET: tuple[str, ...] = ()  # runs the command's engine configuration as is
+STRUCTURED_KINDS = ("none", "json")
+# What `--structured json` constrains every output to: records of an extraction, at least 16
+# of them (over 256 tokens), so the grammar never ends a request before its output length and
+# every run keeps its batch size.
+STRUCTURED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"records": {"type": "array", "minItems": 16, "items": {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "name": {"type": "string"},
+                       "score": {"type": "number"},
+                       "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["id", "name", "score", "tags"]}}},
+    "required": ["records"],
+}
 
 
 @dataclass(frozen=True)
@@ -34,8 +48,14 @@ class ThroughputOptions:
     max_input_len: int = 256
     max_output_len: int = 256
     seed: int = 0
+    # "json": every request's output is constrained by STRUCTURED_SCHEMA (the grammar mask's
+    # cost per step is reported); "none": free.
+    structured: str = "none"
 
     def __post_init__(self) -> None:
+        if self.structured not in STRUCTURED_KINDS:
+            raise ValueError(f"structured must be one of {', '.join(STRUCTURED_KINDS)}, got "
+                             f"{self.structured!r}")
         if self.num_seqs < 1:
             raise ValueError(f"num_seqs must be >= 1, got {self.num_seqs}")
         for name in ("max_input_len", "max_output_len"):
@@ -97,13 +117,14 @@ def run(
         "max_input_len": options.max_input_len,
         "max_output_len": options.max_output_len,
         "seed": options.seed,
+        "structured": options.structured,
     }
-    return run_workload(runner, header, workload, comparison)
+    return run_workload(runner, header, workload, comparison, structured=options.structured)
 
 
 def run_workload(
     runner: Runner, header: dict[str, Any], workload: Workload, comparison: Comparison | None,
-    warm_prompt: list[int] | None = None,
+    warm_prompt: list[int] | None = None, structured: str = "none",
 ) -> dict[str, Any]:
     """Every request of `workload` submitted at once to one engine with the command's
     configuration, then the comparison (if any) on the same prompts. `warm_prompt`, when
@@ -117,7 +138,16 @@ def run_workload(
     )
     with runner.engine("plugserve", warmup=workload.prompts[0]) as engine:
         work = workload.within_vocab(int(engine.arch.vocab_size))
-        params = [SamplingParams(max_new_tokens=m, ignore_eos=True) for m in work.max_new]
+        grammar = None
+        if structured == "json":
+            from plugserve.structured import GrammarSpec
+
+            grammar = GrammarSpec.json_schema(STRUCTURED_SCHEMA)
+        params = [SamplingParams(max_new_tokens=m, ignore_eos=True, structured_outputs=grammar)
+                  for m in work.max_new]
+        if grammar is not None:  # the grammar compiled (once, cached) before the clock starts
+            engine.generate([work.prompts[0]],
+                            SamplingParams(max_new_tokens=2, structured_outputs=grammar))
         if warm_prompt is not None:
             vocab = int(engine.arch.vocab_size)
             engine.generate([[t % vocab for t in warm_prompt]],
@@ -127,9 +157,22 @@ def run_workload(
         # The workload's share of the machine's GEMM peak, measured now, on this engine.
         report["gemm"] = gemm_share(engine, [len(p) for p in work.prompts], work.max_new,
                                     float(metrics["seconds"]))
-    report["runs"].append({**metrics, "settings": {}})
+    run_doc = {**metrics, "settings": {}}
+    if grammar is not None:
+        run_doc["grammar_mask"] = grammar_mask_figures(measured)
+    report["runs"].append(run_doc)
     if comparison is not None:
         from plugserve.bench.hf import add_comparison
 
         add_comparison(report, comparison.run(runner, measured.prompts, work.max_new))
     return report
+
+
+def grammar_mask_figures(measured: Any) -> dict[str, Any]:
+    """The grammar mask's time per step and its share of the step (wall time per step)."""
+    steps = max(1, int(measured.counters.get("steps", 0)))
+    mask_s = float(measured.step_time_s.get("grammar_mask", 0.0))
+    step_s = measured.seconds / steps
+    return {"steps": steps, "mask_ms_per_step": 1e3 * mask_s / steps,
+            "step_ms": 1e3 * step_s, "share_of_step": mask_s / measured.seconds
+            if measured.seconds > 0 else None}

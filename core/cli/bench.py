@@ -40,6 +40,7 @@ from plugserve.cli.options import (
     SpecOpt,
     SpecStepsOpt,
     SpecTopkOpt,
+    TpOpt,
     checked_plugin_host,
     engine_config,
     print_json,
@@ -75,6 +76,7 @@ def bench_command(
     spec_steps: SpecStepsOpt = None,
     spec_topk: SpecTopkOpt = None,
     spec_draft_tokens: SpecDraftTokensOpt = None,
+    tp: TpOpt = None,
     num_seqs: Annotated[
         int | None, typer.Option(help="throughput: requests in the workload (default 64); "
                                  "prefill: prompts (default 1); "
@@ -92,6 +94,11 @@ def bench_command(
         int | None,
         typer.Option(help="throughput, shared-prefix, sessions, serving: workload seed "
                      "(default 0)."),
+    ] = None,
+    structured: Annotated[
+        str | None,
+        typer.Option(help="throughput: json constrains every output to a JSON schema (the "
+                     "grammar mask's time per step is reported); none (default).")
     ] = None,
     groups: Annotated[
         int | None, typer.Option(help="shared-prefix: groups G (default 8).")
@@ -219,6 +226,7 @@ def bench_command(
         if workload == "serving":
             offline = {  # options of the offline workloads and of the engine
                 "model": model, "plugin": plugin, "attention": attention, "cache": cache,
+                "tp": tp,
                 "page_size": page_size, "dtype": dtype, "device": device,
                 "mem_check": mem_check, "spec": spec, "draft_model": draft_model,
                 "spec_steps": spec_steps, "spec_topk": spec_topk,
@@ -229,6 +237,7 @@ def bench_command(
                 "prefix_len": prefix_len, "question_len": question_len,
                 "spec_prompts": spec_prompts, "sessions": sessions, "turns": turns,
                 "turn_input_len": turn_input_len, "turn_output_len": turn_output_len,
+                "structured": structured,
             }
             serving_values.update(num_seqs=num_seqs, output_len=output_len, seed=seed)
             from plugserve.cli.bench_serving import run_serving
@@ -259,6 +268,7 @@ def bench_command(
             "max_input_len": max_input_len,
             "max_output_len": max_output_len,
             "seed": seed,
+            "structured": structured,
             "groups": groups,
             "prompts_per_group": prompts_per_group,
             "prefix_len": prefix_len,
@@ -286,11 +296,13 @@ def bench_command(
             device=device,
             mem_check=mem_check,
             draft_model=draft_model,
+            tp_size=tp,
             **engine_values,
         )
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []
             host = checked_plugin_host(options, config, debug)
+            refuse_under_torchrun(config)
             compared = parse_compare(compare, vllm_python)
             try:
                 batch_sizes = tuple(
@@ -336,6 +348,15 @@ def bench_command(
                     tables(report)
                 if plot is not None:
                     typer.echo(f"plot written to {report['plot']}", err=True)
+
+
+def refuse_under_torchrun(config: Any) -> None:
+    """A benchmark starts several engines one after the other; torchrun's ranks follow one."""
+    import os
+
+    if config.tp_size > 1 and os.environ.get("RANK") is not None:
+        raise UsageError("bench starts several engines and cannot run under torchrun; run it "
+                         "without torchrun: --tp N starts the ranks on this machine")
 
 
 def write_plot(report: dict[str, Any], path: Path) -> Path:

@@ -1,5 +1,5 @@
 """`plugserve conformance`: run one plugin's conformance suite (an attention backend, a cache
-policy or a speculative algorithm)."""
+policy, a speculative algorithm or a grammar backend)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from plugserve.cli.options import DebugOpt
 
 CACHE_SUITE = "plugserve.testing.conformance.cache.suite"
 SPEC_SUITE = "plugserve.testing.conformance.spec.suite"
+GRAMMAR_SUITE = "plugserve.testing.conformance.grammar.suite"
 
 
 def conformance_command(
@@ -29,6 +30,11 @@ def conformance_command(
         str | None,
         typer.Option("--spec", metavar="NAME",
                      help="Registered speculative algorithm: run the speculative suite."),
+    ] = None,
+    grammar: Annotated[
+        str | None,
+        typer.Option("--grammar", metavar="NAME",
+                     help="Registered grammar backend: run the grammar-backend suite."),
     ] = None,
     backend: Annotated[
         list[str] | None,
@@ -60,22 +66,24 @@ def conformance_command(
     """Run the conformance suite on one plugin; non-zero exit on any failure.
 
     Tests need the capabilities the plugin registered: what it does not declare is skipped
-    with the reason. See docs/backends.md, docs/cache_policies.md, docs/spec_algorithms.md.
+    with the reason. See docs/backends.md, docs/cache_policies.md, docs/spec_algorithms.md,
+    docs/grammar_backends.md.
     """
     with reported_errors(debug):
         named = [f"--{flag} {name}" for flag, name in
-                 (("attention", attention), ("cache", cache), ("spec", spec)) if name]
+                 (("attention", attention), ("cache", cache), ("spec", spec),
+                  ("grammar", grammar)) if name]
         if len(named) != 1:
-            raise UsageError("name exactly one plugin: --attention NAME, --cache NAME or "
-                             f"--spec NAME (got {', '.join(named) or 'none'})")
+            raise UsageError("name exactly one plugin: --attention NAME, --cache NAME, "
+                             f"--spec NAME or --grammar NAME (got {', '.join(named) or 'none'})")
         if smoke and not attention:
             raise UsageError("--smoke applies to --attention only")
         if backend and not spec:
             raise UsageError("--backend applies to --spec only (the backends the speculative "
                              "suite runs on)")
-        if device and cache:
+        if device and (cache or grammar):
             raise UsageError("--device applies to --attention and --spec; the cache-policy "
-                             "suite runs on the CPU")
+                             "and grammar-backend suites run on the CPU")
         from plugserve.plugins import get_plugin_host
 
         registries = get_plugin_host().registries
@@ -86,6 +94,12 @@ def conformance_command(
 
             code = run_suite(attention, device=device, keyword=keyword, smoke=smoke,
                              pytest_args=args)
+        elif grammar:
+            registries.grammar.get(grammar)  # unknown: lists the names
+            from plugserve.testing.conformance.pytest_run import run_module
+
+            code = run_module(GRAMMAR_SUITE, ["--grammar-backend", grammar], keyword=keyword,
+                              pytest_args=args)
         elif cache:
             registries.cache.get(cache)
             from plugserve.testing.conformance.pytest_run import run_module

@@ -33,9 +33,12 @@ from plugserve.cli.options import (
     SpecOpt,
     SpecStepsOpt,
     SpecTopkOpt,
+    TpBackendOpt,
+    TpOpt,
     chat_template_option,
     checked_plugin_host,
     engine_config,
+    followed_rank_0,
 )
 
 if TYPE_CHECKING:
@@ -85,6 +88,14 @@ def serve_command(
     max_logprobs: Annotated[
         int | None, _int("Most logprobs alternatives a request may ask per token (default 20).")
     ] = None,
+    grammar_backend: Annotated[
+        str | None, typer.Option(help="Grammar backend for structured outputs (default "
+                                 "xgrammar).")
+    ] = None,
+    tool_call_parser: Annotated[
+        str | None, typer.Option(help="How tool calls are read from chat output (default "
+                                 "hermes).")
+    ] = None,
     max_running_requests: Annotated[int | None, _int("Request rows (batch size limit).")] = None,
     kv_pool_tokens: Annotated[int | None, _int("KV slots per pool.")] = None,
     context_len: Annotated[int | None, _int("Max tokens per request.")] = None,
@@ -105,6 +116,8 @@ def serve_command(
                                   show_default=False)
     ] = None,
     mem_check_ring_size: Annotated[int | None, _int("Checker ring buffer entries.")] = None,
+    tp: TpOpt = None,
+    tp_backend: TpBackendOpt = None,
     log_level: LogLevelOpt = "WARNING",
     debug: DebugOpt = False,
 ) -> None:
@@ -124,6 +137,7 @@ def serve_command(
 
         config = engine_config(
             model=model, attention=attention, cache=cache, spec=spec, draft_model=draft_model,
+            grammar_backend=grammar_backend,
             spec_steps=spec_steps, spec_topk=spec_topk, spec_draft_tokens=spec_draft_tokens,
             page_size=page_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, device=device,
             seed=seed, tokenizer=tokenizer,
@@ -131,17 +145,20 @@ def serve_command(
             context_len=context_len, chunked_prefill_size=chunked_prefill_size,
             max_prefill_tokens=max_prefill_tokens, enable_mixed_chunk=enable_mixed_chunk,
             overlap=overlap, mem_check=mem_check, check_pages=check_pages,
-            mem_check_ring_size=mem_check_ring_size,
+            mem_check_ring_size=mem_check_ring_size, tp_size=tp, tp_backend=tp_backend,
         )
         given = {
             "host": host, "port": port, "api_key": api_key, "max_waiting": max_waiting,
             "max_body_bytes": max_body_bytes, "served_model_name": served_model_name,
             "shutdown_timeout_s": shutdown_timeout, "max_logprobs": max_logprobs,
+            "tool_call_parser": tool_call_parser,
         }
         settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []
             checked_plugin_host(options, config, debug)
+            if followed_rank_0(config, options):  # torchrun's rank > 0: no HTTP of its own
+                return
             template = chat_template_option(chat_template)
             sock = bind(settings)
             try:

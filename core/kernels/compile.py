@@ -81,8 +81,10 @@ def _common_flags(spec: LibrarySpec) -> list[str]:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     flags = ["-O3", "-std=c++20", "-fPIC", "-fvisibility=hidden", "-fopenmp",
              "-Wno-psabi", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{spec.csrc}"]
+    # Real paths: the same torch reached through a symlinked site-packages (a test session's
+    # venv) gives the same flags, hence the same cache key and no second build.
     for path in cpp_extension.include_paths():
-        flags += ["-isystem", path]
+        flags += ["-isystem", os.path.realpath(path)]
     # The dispatch tables (csrc/dispatch.cpp) list the ISA copies this library holds.
     flags += [f"-DPLUGSERVE_BUILT_{isa.name}" for isa in spec.isas]
     return flags
@@ -100,7 +102,7 @@ def _link_flags() -> list[str]:
 
     flags = ["-shared", "-fopenmp"]
     for path in cpp_extension.library_paths():
-        flags.append(f"-L{path}")
+        flags.append(f"-L{os.path.realpath(path)}")
     return [*flags, "-lc10", "-ltorch_cpu", "-ltorch"]
 
 

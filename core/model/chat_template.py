@@ -60,6 +60,7 @@ def render_chat_template(
     *,
     add_generation_prompt: bool,
     special_tokens: Mapping[str, str | None],
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
     """The prompt text for `messages`; `special_tokens` supplies bos_token, eos_token, ..."""
     template = compile_chat_template(source)
@@ -67,6 +68,7 @@ def render_chat_template(
         return template.render(
             messages=[dict(m) for m in messages],
             add_generation_prompt=add_generation_prompt,
+            **({"tools": [dict(t) for t in tools]} if tools else {}),
             **{k: v for k, v in special_tokens.items() if v is not None},
         )
     except jinja2.TemplateError as exc:

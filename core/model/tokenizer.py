@@ -166,9 +166,11 @@ class Tokenizer:
         return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def render_chat(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """The prompt text the chat template makes of `messages`."""
+        """The prompt text the chat template makes of `messages` (and `tools`, OpenAI's
+        list, which HF templates take as `tools`)."""
         if self.chat_template is None:
             raise ChatTemplateError(
                 "this model's tokenizer has no chat template; send a plain text prompt instead "
@@ -176,14 +178,16 @@ class Tokenizer:
             )
         return render_chat_template(
             self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-            special_tokens=self.special_tokens,
+            special_tokens=self.special_tokens, tools=tools,
         )
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """Token ids of the rendered chat; the template itself supplies any BOS."""
-        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt)
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt,
+                                tools=tools)
         return list(self.backend.encode(text, add_special_tokens=False).ids)
 
     def token_to_id(self, token: str) -> int | None:

@@ -26,6 +26,7 @@ from plugserve.fixes import FixToggle
 from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.manager import KVManager
 from plugserve.sched.decode import DecodeManager
+from plugserve.sched.grammar_wait import split_waiting, wait_for_compiles
 from plugserve.sched.prefill import PrefillAdder, PrefillDecision
 from plugserve.sched.results import StopRules, process_result
 from plugserve.structs.forward_batch import ForwardMode
@@ -181,7 +182,7 @@ class Scheduler:
         self.kv.evict_out_of_window(
             [*self.running_batch.reqs, *([self.chunked_req] if self.chunked_req else [])])
         prefill = self._apply(self.prefill_adder.build(
-            self.waiting, self.chunked_req, len(self.running_batch.reqs), self.has_inflight))
+            self._admissible(), self.chunked_req, len(self.running_batch.reqs), self.has_inflight))
         self.running_batch.filter_finished()
         if prefill is not None:
             if self.config.enable_mixed_chunk and not self.running_batch.is_empty():
@@ -194,6 +195,17 @@ class Scheduler:
             return None
         self.decode.prepare(self.running_batch, self.next_input_token)
         return self.running_batch
+
+    def _admissible(self) -> list[Req]:
+        """The waiting requests that may be admitted: not those whose grammar is compiling;
+        those whose grammar failed to compile end here with the compiler's message."""
+        ready, failed = split_waiting(self.waiting)
+        for req in failed:
+            self.waiting.remove(req)
+            self.kv.forget_waiting(req)
+            req.finished_reason = "error"
+            req.finished_s = time.perf_counter()
+        return ready
 
     def _apply(self, decision: PrefillDecision) -> ScheduleBatch | None:
         """Carry out the prefill adder's decision on the queue and the chunked request."""
@@ -315,6 +327,9 @@ class Scheduler:
         """Nothing ran although requests wait: one retry (a chunk retracted for memory is
         re-admitted next step), then a clear error instead of spinning forever."""
         if not self.waiting or not self.running_batch.is_empty():
+            return
+        if wait_for_compiles(self.waiting):  # waiting for a grammar, not stuck
+            self._steps_without_progress = 0
             return
         self._steps_without_progress += 1
         if self._steps_without_progress < 2:

@@ -16,6 +16,13 @@ def check_stop(
     """The finish reason after the request's latest token, or None to keep going."""
     sp = req.sampling
     token = req.output_ids[-1]
+    grammar = req.grammar
+    if grammar is not None:
+        if grammar.rejected is not None:
+            req.error = grammar.rejected
+            return "error"
+        if grammar.terminated_at is not None and len(req.output_ids) >= grammar.terminated_at:
+            return "stop"  # the grammar is complete (its EOS was accepted)
     if not sp.ignore_eos and token in eos_token_ids:
         return "stop"
     if token in sp.stop_token_ids:

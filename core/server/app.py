@@ -32,6 +32,7 @@ from plugserve.server.sessions import add_session_routes
 from plugserve.server.settings import ServerSettings, served_model_id
 from plugserve.server.shutdown import GracefulShutdown
 from plugserve.server.tokenize import add_tokenizer_routes
+from plugserve.server.tool_output import tool_mode
 
 
 def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
@@ -45,6 +46,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     state = ServerState(loop, settings, model_id, aliases=(model_path,) if model_path else ())
     shutdown = GracefulShutdown(state, settings.shutdown_timeout_s)
     created = int(time.time())
+    # An unknown --tool-call-parser stops start-up with the registered names.
+    tool_parser = engine.host.registries.tool_parsers.get(settings.tool_call_parser).load()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -107,7 +110,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
         docs = Documents("chat", model_id, state.tokenizer.decode, logprobs=body.logprobs,
                          token_ids=body.return_token_ids,
                          prompt_logprobs=body.prompt_logprobs is not None,
-                         skip_special_tokens=body.skip_special_tokens)
+                         skip_special_tokens=body.skip_special_tokens,
+                         tools=tool_mode(body, tool_parser))
         return await state.respond(request, gen, docs, stream=body.stream,
                                    include_usage=body.include_usage, stop=body.stop_strings,
                                    arrival_s=arrival)
@@ -117,8 +121,10 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        rank_problem = loop.engine.rank_problem()  # a tensor-parallel rank that died
+        alive = loop.alive and rank_problem is None
         document = {
-            "status": "shutting_down" if state.draining else "ok" if loop.alive
+            "status": "shutting_down" if state.draining else "ok" if alive
             else "unavailable",
             "model": model_id,
             "running": loop.running(),
@@ -127,8 +133,9 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
             "memory_whole_at_idle": loop.idle_memory_problem is None,
             "memory_problem": loop.idle_memory_problem,
             "engine_error": None if loop.failure is None else type(loop.failure).__name__,
+            "rank_problem": rank_problem,
         }
-        up = loop.alive and not state.draining
+        up = alive and not state.draining
         return JSONResponse(document, status_code=200 if up else 503)
 
     @app.get("/metrics")

@@ -72,6 +72,7 @@ class ServerState:
             self.session_owners.check(gen.session_id, caller_key(request))
         precheck(gen, self.loop.vocab_size, self.context_len)
         gen = fit_to_context(gen, self.context_len)
+        await self._compile_grammar(gen)
         job = self.submit(gen, arrival_s)
         self.jobs.add(job)
         sp = gen.sampling
@@ -96,6 +97,21 @@ class ServerState:
             if not handed_off:
                 job.abort()
                 self.jobs.discard(job)
+
+    async def _compile_grammar(self, gen: Generation) -> None:
+        """Compile the request's grammar (cached; on the grammar service's own thread) before
+        it queues: an invalid schema, regex or grammar is a 400 naming the field, and the
+        engine finds it compiled."""
+        spec = gen.sampling.structured_outputs
+        if spec is None:
+            return
+        from plugserve.grammar.base import GrammarError
+
+        param = gen.grammar_param or "structured_outputs"
+        try:
+            await asyncio.wrap_future(self.loop.engine.compile_grammar(spec))
+        except GrammarError as exc:
+            raise APIError(400, f"{param}: {exc}", param=param) from None
 
     def abort_for_shutdown(self) -> int:
         """The grace period is over: end every generation still running (streams get a last

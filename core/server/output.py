@@ -26,6 +26,7 @@ from plugserve.server.logprob_docs import (
     completion_logprobs,
     vllm_prompt_logprobs,
 )
+from plugserve.server.tool_output import ToolAnswer, ToolMode
 
 
 def new_id(prefix: str) -> str:
@@ -118,7 +119,7 @@ class Documents:
 
     def __init__(self, kind: str, model: str, decode: Callable[..., str], *, logprobs: bool,
                  token_ids: bool, echo: bool = False, prompt_logprobs: bool = False,
-                 skip_special_tokens: bool = True) -> None:
+                 skip_special_tokens: bool = True, tools: ToolMode | None = None) -> None:
         self.chat = kind == "chat"
         self.id = new_id("chatcmpl" if self.chat else "cmpl")
         self.created = int(time.time())
@@ -130,6 +131,13 @@ class Documents:
         self.echo = echo
         self.want_prompt_logprobs = prompt_logprobs
         self.skip_special = skip_special_tokens
+        self.tools = tools
+        self._tool_answers: dict[int, ToolAnswer] = {}
+
+    def _tool_answer(self, choice: Choice) -> ToolAnswer | None:
+        if self.tools is None or not self.chat:
+            return None
+        return self._tool_answers.setdefault(choice.index, ToolAnswer(self.tools))
 
     def render(self, ids: list[int]) -> str:
         if self.skip_special:
@@ -175,7 +183,13 @@ class Documents:
             item: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason,
                                     "logprobs": self._logprobs(c.token_ids, c.logprobs,
                                                                c.top_logprobs or None, 0, echo)}
-            if self.chat:
+            answer = self._tool_answer(c)
+            if answer is not None:
+                content, calls, item["finish_reason"] = answer.full(c.text, c.finish_reason)
+                item["message"] = {"role": "assistant", "content": content}
+                if calls:
+                    item["message"]["tool_calls"] = [call.document() for call in calls]
+            elif self.chat:
                 item["message"] = {"role": "assistant", "content": c.text}
             else:
                 item["text"] = self.echo_text(c) + c.text
@@ -206,8 +220,15 @@ class Documents:
                                                            delta.top_logprobs, offset)}
         if self.chat:
             fields: dict[str, Any] = {"role": "assistant"} if role else {}
-            if delta.text or role:
-                fields["content"] = delta.text
+            text = delta.text
+            answer = None if role else self._tool_answer(choice)
+            if answer is not None:
+                text, calls, item["finish_reason"] = answer.stream(choice.sent_text,
+                                                                   finish_reason)
+                if calls:
+                    fields["tool_calls"] = calls
+            if text or role:
+                fields["content"] = text
             item["delta"] = fields
         else:
             item["text"] = delta.text

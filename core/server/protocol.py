@@ -66,6 +66,50 @@ def lone_surrogate_at(value: Any, path: tuple[str, ...]) -> tuple[str, str] | No
     return None
 
 
+class JsonSchemaFormat(Body):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the output is constrained either way
+
+
+class ResponseFormat(Body):
+    """OpenAI's `response_format`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None
+                                           or self.json_schema.schema_ is None):
+            raise PydanticCustomError(
+                "value_error", "response_format: type json_schema needs json_schema.schema", {})
+        return self
+
+
+class StructuredOutputsBody(Body):
+    """vLLM's `structured_outputs`: exactly one of its fields."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputsBody:
+        given = [name for name, value in (("json", self.json_), ("regex", self.regex),
+                                          ("choice", self.choice), ("grammar", self.grammar),
+                                          ("json_object", self.json_object or None))
+                 if value is not None]
+        if len(given) != 1:
+            raise PydanticCustomError(
+                "value_error", "structured_outputs: give exactly one of json, regex, choice, "
+                "grammar, json_object (got: {given})", {"given": ", ".join(given) or "none"})
+        return self
+
+
 class GenerationFields(Body):
     """Fields both endpoints share (OpenAI's, plus vLLM-style extensions)."""
 
@@ -94,6 +138,9 @@ class GenerationFields(Body):
     return_token_ids: bool = Field(
         default=False, description="add the generated token ids to each choice / chunk"
     )
+    # Structured outputs: OpenAI's response_format, or vLLM's structured_outputs.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsBody | None = None
     # Streaming sessions (plugserve extension).
     session_id: str | None = None
     session_offset: int | None = None
@@ -179,10 +226,23 @@ class TextPart(Body):
     text: str
 
 
+class FunctionCallBody(Body):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallBody(Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallBody
+
+
 class ChatMessage(Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallBody] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def template_dict(self) -> dict[str, Any]:
         """The message as the chat template sees it: content as one string."""
@@ -192,7 +252,46 @@ class ChatMessage(Body):
         out: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            # Templates read the arguments as an object (vLLM passes them parsed too).
+            out["tool_calls"] = [
+                {"id": c.id, "type": c.type,
+                 "function": {"name": c.function.name,
+                              "arguments": _json_or_text(c.function.arguments)}}
+                for c in self.tool_calls]
         return out
+
+
+def _json_or_text(text: str) -> Any:
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+class FunctionDef(Body):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Body):
+    name: str
+
+
+class NamedToolChoice(Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(GenerationFields):
@@ -202,6 +301,9 @@ class ChatCompletionRequest(GenerationFields):
     logprobs: bool = False
     top_logprobs: int | None = None  # with logprobs: the N most likely tokens too (0..20)
     add_generation_prompt: bool = True
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @field_validator("messages")
     @classmethod
@@ -222,6 +324,31 @@ class ChatCompletionRequest(GenerationFields):
                 "value_error", "top_logprobs: needs logprobs=true (got top_logprobs={n})",
                 {"n": self.top_logprobs})
         return self
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
+        choice = self.tool_choice
+        if choice in ("required",) or isinstance(choice, NamedToolChoice):
+            if not self.tools:
+                raise PydanticCustomError(
+                    "value_error", "tool_choice: {choice} needs tools", {
+                        "choice": "required" if choice == "required" else "a named function"})
+        if isinstance(choice, NamedToolChoice):
+            names = [t.function.name for t in self.tools or ()]
+            if choice.function.name not in names:
+                raise PydanticCustomError(
+                    "value_error", "tool_choice: function {name!r} is not in tools (tools: "
+                    "{names})", {"name": choice.function.name, "names": ", ".join(names)})
+        return self
+
+    @property
+    def tool_mode(self) -> str:
+        """none, auto, required or named (OpenAI's default: auto when tools are given)."""
+        if not self.tools:
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or "auto"
 
     @property
     def token_limit(self) -> int | None:

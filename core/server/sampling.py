@@ -21,6 +21,8 @@ from typing import Any
 from plugserve.sampling import SamplingParams
 from plugserve.server.errors import APIError, engine_rejection
 from plugserve.server.protocol import ChatCompletionRequest, CompletionRequest, GenerationFields
+from plugserve.server.structured import body_grammar, chat_grammar
+from plugserve.structured import GrammarSpec
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 
@@ -36,6 +38,7 @@ class Generation:
     max_tokens_given: bool = True  # False: a default the server may lower to fit the context
     echo: bool = False  # the prompt (and its logprobs) goes back before the output
     drop_output: bool = False  # max_tokens 0: the one sampled token is not returned
+    grammar_param: str | None = None  # the field the output's grammar came from
 
 
 def _checked_count(value: int | None, name: str, limit: int) -> int | None:
@@ -58,7 +61,7 @@ def _logit_bias(body: GenerationFields) -> dict[int, float]:
 
 
 def _sampling(body: GenerationFields, max_new_tokens: int, *, logprobs: bool, top: int,
-              prompt_logprobs: int | None) -> SamplingParams:
+              prompt_logprobs: int | None, grammar: GrammarSpec | None) -> SamplingParams:
     return SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=body.temperature,
@@ -79,6 +82,7 @@ def _sampling(body: GenerationFields, max_new_tokens: int, *, logprobs: bool, to
         min_tokens=body.min_tokens,
         skip_special_tokens=body.skip_special_tokens,
         include_stop_str_in_output=body.include_stop_str_in_output,
+        structured_outputs=grammar,
     )
 
 
@@ -94,10 +98,11 @@ def completion_generation(body: CompletionRequest, tokenizer: Any, max_logprobs:
     given = body.max_tokens is not None
     max_new = body.max_tokens if given else DEFAULT_COMPLETION_TOKENS
     drop = max_new == 0
+    grammar, param = body_grammar(body)
     sampling = _sampling(body, max(1, max_new or 0), logprobs=top is not None, top=top or 0,
-                         prompt_logprobs=prompt_top)
+                         prompt_logprobs=prompt_top, grammar=grammar)
     gen = Generation(prompts, sampling, max_tokens_given=given, echo=body.echo,
-                     drop_output=drop)
+                     drop_output=drop, grammar_param=param)
     return _with_session(body, gen)
 
 
@@ -106,9 +111,12 @@ def chat_generation(body: ChatCompletionRequest, tokenizer: Any, context_len: in
     from plugserve.model.chat_template import ChatTemplateError
 
     messages = [m.template_dict() for m in body.messages]
+    tools = None if body.tool_mode == "none" else [
+        t.model_dump(exclude_none=True) for t in body.tools or ()]
+    grammar, param = chat_grammar(body)
     try:
         ids = list(tokenizer.apply_chat_template(
-            messages, add_generation_prompt=body.add_generation_prompt
+            messages, add_generation_prompt=body.add_generation_prompt, tools=tools
         ))
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), param="messages") from None
@@ -119,8 +127,9 @@ def chat_generation(body: ChatCompletionRequest, tokenizer: Any, context_len: in
     # no room, with its own message).
     max_new = limit if limit is not None else max(1, context_len - len(ids))
     sampling = _sampling(body, max_new, logprobs=body.logprobs, top=top,
-                         prompt_logprobs=prompt_top)
-    return _with_session(body, Generation([ids], sampling, max_tokens_given=limit is not None))
+                         prompt_logprobs=prompt_top, grammar=grammar)
+    return _with_session(body, Generation([ids], sampling, max_tokens_given=limit is not None,
+                                          grammar_param=param))
 
 
 def _with_session(body: GenerationFields, gen: Generation) -> Generation:

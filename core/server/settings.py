@@ -38,6 +38,10 @@ class ServerSettings(BaseSettings):
         default=20, ge=0, description="most alternatives a request may ask per token (vLLM's "
         "--max-logprobs)"
     )
+    tool_call_parser: str = Field(
+        default="hermes", description="how tool calls are read from chat output (a registered "
+        "tool parser)"
+    )
 
 
 def served_model_id(model: str | None, override: str | None = None) -> str:

@@ -61,6 +61,10 @@ class SpecContext:
     dtype: torch.dtype
     device: torch.device
     time_s: dict[str, float] = field(default_factory=dict)  # the runner's timing breakdown
+    # The engine's grammar service (structured outputs), or None: an algorithm declaring
+    # `SpecCapabilities.grammar` walks each constrained request's drafts through it
+    # (plugserve.grammar.constraint).
+    grammar: Any = None
 
 
 @dataclass

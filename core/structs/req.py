@@ -81,6 +81,10 @@ class Req:
         # A speculative algorithm's progress for this request, touched only on the forward
         # thread (see plugserve.spec.base).
         self.spec_state: Any = None
+        # Structured output: the compile of its grammar (a Future, started at submit), then,
+        # once admitted, its matcher state (plugserve.grammar.state.GrammarState).
+        self.grammar_future: Any = None
+        self.grammar: Any = None
 
     @property
     def all_ids(self) -> list[int]:

@@ -6,7 +6,9 @@ and device from here: `--attention-backend NAME` (default torch_native) and
 a test module's own `attention_backend` / `conformance_device` fixtures, which win. The same
 for the cache-policy suite (`--cache-policy NAME`, default radix; fixture `cache_policy`) and
 the speculative-algorithm suite (`--spec-algorithm NAME`, default eagle, fixture
-`spec_algorithm`; `--spec-backend NAME`, repeatable, the attention backends it runs on).
+`spec_algorithm`; `--spec-backend NAME`, repeatable, the attention backends it runs on), and
+the grammar-backend suite (`--grammar-backend NAME`, default xgrammar, fixture
+`grammar_backend`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--spec-backend", metavar="NAME", action="append", default=None,
                     help="attention backend the speculative conformance suite runs on "
                     "(repeatable; default: every registered backend)")
+    group.addoption("--grammar-backend", metavar="NAME", default=None,
+                    help="registered grammar backend the grammar conformance suite tests "
+                    "(default: xgrammar)")
 
 
 @pytest.fixture(scope="session")
@@ -117,3 +122,17 @@ def spec_requirements(spec_target: Any) -> Any:
     from plugserve.testing.conformance.spec.target import SpecRequirements
 
     return SpecRequirements(spec_target)
+
+
+@pytest.fixture
+def grammar_backend(request: pytest.FixtureRequest) -> str:
+    """Name of the grammar backend the grammar conformance suite tests."""
+    return str(request.config.getoption("--grammar-backend") or "xgrammar")
+
+
+@pytest.fixture
+def grammar_target(grammar_backend: str) -> Any:
+    """The `GrammarBackendUnderTest`: registry entry, class and capabilities."""
+    from plugserve.testing.conformance.grammar.target import GrammarBackendUnderTest
+
+    return GrammarBackendUnderTest.resolve(grammar_backend)

@@ -80,6 +80,7 @@ def test_shows_the_builtins_and_the_whitelist(cli: Callable[..., Any]) -> None:
         ("cache policy", "streaming_session"),
         ("cache policy", "none"),
         ("speculative algorithm", "none"),
+        ("tool parser", "hermes"),
     }
     torch_native = next(e for e in builtin["registers"] if e["name"] == "torch_native")
     assert torch_native["page_tree_whitelisted"] is True

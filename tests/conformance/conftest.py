@@ -73,3 +73,13 @@ def spec_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     install_plugins(monkeypatch, broken_specs="broken_specs")
     yield
     clear_plugin_hosts()
+
+
+@pytest.fixture
+def grammar_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The toy grammar backends of toy_grammars.py (one correct, one with a planted bug)."""
+    from plugserve.plugins import clear_plugin_hosts
+
+    install_plugins(monkeypatch, toy_grammars="toy_grammars")
+    yield
+    clear_plugin_hosts()

@@ -16,6 +16,7 @@ import pytest
 
 from plugserve.attention.base import BackendCapabilities
 from plugserve.config import EngineConfig
+from plugserve.grammar import GrammarCapabilities
 from plugserve.hookspecs import hookimpl
 from plugserve.plugins import PluginError, get_plugin_host, hook_spec_names
 from plugserve.registry import CachePolicyCapabilities, SpecCapabilities
@@ -65,12 +66,21 @@ def _every_hook_plugin() -> SimpleNamespace:
     def toggles(register: Any) -> None:
         register("hook_toggle", "a toggle from the hook test")
 
+    def grammar(register: Any) -> None:
+        register("hook_grammar", lambda: "grammar-class",
+                 GrammarCapabilities(kinds=frozenset({"regex"})))
+
+    def tool_parsers(register: Any) -> None:
+        register("hook_tools", lambda: "parser-class", "a parser from the hook test")
+
     return SimpleNamespace(
         plugserve_register_attention_backends=hookimpl(attention),
         plugserve_register_spec_algorithms=hookimpl(spec),
         plugserve_register_cache_policies=hookimpl(cache),
         plugserve_register_invariant_checkers=hookimpl(checkers),
         plugserve_register_fix_toggles=hookimpl(toggles),
+        plugserve_register_grammar_backends=hookimpl(grammar),
+        plugserve_register_tool_parsers=hookimpl(tool_parsers),
     )
 
 
@@ -95,6 +105,11 @@ def test_register_hooks_get_a_registrar() -> None:
     checker = regs.checkers.get("recorder")
     assert checker.load() is Recorder and checker.description == "records lifecycle calls"
     assert get_plugin_host().fix_toggles["hook_toggle"] == "a toggle from the hook test"
+    grammar = regs.grammar.get("hook_grammar")
+    assert grammar.load() == "grammar-class"
+    assert grammar.capabilities == GrammarCapabilities(kinds=frozenset({"regex"}))
+    tools = regs.tool_parsers.get("hook_tools")
+    assert (tools.load(), tools.description) == ("parser-class", "a parser from the hook test")
 
 
 @pytest.mark.usefixtures("every_hook")
@@ -147,6 +162,8 @@ HOOK_TESTS: dict[str, Callable[..., None]] = {
     "plugserve_register_cache_policies": test_register_hooks_get_a_registrar,
     "plugserve_register_invariant_checkers": test_register_hooks_get_a_registrar,
     "plugserve_register_fix_toggles": test_register_hooks_get_a_registrar,
+    "plugserve_register_grammar_backends": test_register_hooks_get_a_registrar,
+    "plugserve_register_tool_parsers": test_register_hooks_get_a_registrar,
     "plugserve_engine_configured": test_engine_calls_the_lifecycle_hooks,
     "plugserve_after_step": test_engine_calls_the_lifecycle_hooks,
     "plugserve_scheduler_idle": test_engine_calls_the_lifecycle_hooks,

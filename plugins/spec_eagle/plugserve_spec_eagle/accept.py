@@ -9,6 +9,11 @@ child is accepted with the probability the target gives it under what is left of
 distribution; a rejected child's token is removed from that distribution (renormalised); when
 every child is rejected the bonus token is sampled from the rest. Each emitted token is then
 distributed exactly as the target's own sampling would have drawn it.
+
+With a grammar (structured outputs), each node's logits are first masked for the tokens
+accepted before it, and the token chosen there is fed to the request's matcher before the
+walk goes on (plugserve.grammar.constraint); the walk also ends where the grammar is complete.
+Plain decoding masks the same logits the same way, so the output is the same.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from plugserve.grammar.constraint import TokenConstraint
 from plugserve.runner.sampler import sampling_probs
 from plugserve.sampling import SamplingParams
 from plugserve_spec_eagle.tree import DraftTree
@@ -34,15 +40,21 @@ def accept_all(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
+    constraints: list[TokenConstraint | None] | None = None,
 ) -> list[Accepted]:
-    """logits: float32 `[batch, num_nodes, vocab]`, the target's at every tree node."""
+    """logits: float32 `[batch, num_nodes, vocab]`, the target's at every tree node;
+    `constraints`: per request, its grammar (None: free)."""
     greedy_ids = torch.argmax(logits, dim=-1).tolist()
     logp = torch.log_softmax(logits, dim=-1)
     tokens = tree.tokens.tolist()
     out: list[Accepted] = []
     for b, p in enumerate(params):
         kids = tree.children(b)
-        if p.greedy:
+        constraint = constraints[b] if constraints is not None else None
+        if constraint is not None:
+            path, bonus = _constrained_path(tokens[b], kids, logits[b], p, generators[b],
+                                            constraint)
+        elif p.greedy:
             path, bonus = _greedy_path(tokens[b], kids, greedy_ids[b])
         else:
             path, bonus = _sampled_path(tokens[b], kids, logits[b], p, generators[b])
@@ -94,3 +106,46 @@ def _sampled_path(
             return path, bonus
         path.append(accepted)
         node = accepted
+
+
+def _constrained_path(
+    tokens: list[int],
+    kids: list[list[int]],
+    logits: torch.Tensor,
+    p: SamplingParams,
+    gen: torch.Generator | None,
+    constraint: TokenConstraint,
+) -> tuple[list[int], int]:
+    """The walk under a grammar: at each node the logits masked for the path so far, the
+    token chosen from them (greedy: their argmax; sampled: a child accepted with its masked
+    probability, as `_sampled_path`), fed to the matcher at once."""
+    path = [0]
+    node = 0
+    while True:
+        row = constraint.mask(logits[node])
+        if p.greedy:
+            want = int(torch.argmax(row))
+            nxt = next((c for c in kids[node] if tokens[c] == want), None)
+        else:
+            nxt, want = _sample_at_node(tokens, kids[node], row, p, gen)
+        constraint.accept(want)
+        if nxt is None or constraint.terminated:
+            return path, want
+        path.append(nxt)
+        node = nxt
+
+
+def _sample_at_node(tokens: list[int], kids: list[int], row: torch.Tensor, p: SamplingParams,
+                    gen: torch.Generator | None) -> tuple[int | None, int]:
+    """(the accepted child or None, the token chosen at this node)."""
+    probs = sampling_probs(row, p).cpu()
+    for child in kids:
+        tok = tokens[child]
+        if float(torch.rand((), generator=gen)) < float(probs[tok]):
+            return child, tok
+        probs[tok] = 0.0
+        total = float(probs.sum())
+        if total <= 0.0:
+            break
+        probs /= total
+    return None, int(torch.multinomial(probs, 1, generator=gen).item())

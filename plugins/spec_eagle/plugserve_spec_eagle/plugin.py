@@ -8,7 +8,8 @@ from plugserve.hookspecs import hookimpl
 from plugserve.registry import RegisterFixToggle, RegisterSpecAlgorithm, SpecCapabilities
 
 CAPABILITIES = SpecCapabilities(
-    topk_gt1=True, overlap=True, needs_draft_model=True, default_draft_for_default_model=True
+    topk_gt1=True, overlap=True, needs_draft_model=True, default_draft_for_default_model=True,
+    grammar=True,  # drafts walked through a request's grammar (accept.py)
 )
 
 # The toggles this plugin owns (the fix lives in its code); registered at plugin load so an

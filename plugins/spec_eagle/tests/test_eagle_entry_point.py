@@ -25,7 +25,8 @@ def test_entry_point_registers_algorithm() -> None:
     entry = _host().registries.spec.get("eagle")
     assert entry.distribution == "plugserve-spec-eagle"
     assert entry.capabilities == SpecCapabilities(
-        topk_gt1=True, overlap=True, needs_draft_model=True, default_draft_for_default_model=True
+        topk_gt1=True, overlap=True, needs_draft_model=True, default_draft_for_default_model=True,
+        grammar=True,
     )
 
 

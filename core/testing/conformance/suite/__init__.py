@@ -19,11 +19,13 @@ from plugserve.testing.conformance.suite.kernel import (
     TestKernelSlidingWindow,
     TestKernelSpeculative,
 )
+from plugserve.testing.conformance.suite.tensor_parallel import TestEngineTensorParallel
 
 __all__ = [
     "TestEngineGreedy",
     "TestEngineHalfPrecision",
     "TestEngineSpeculative",
+    "TestEngineTensorParallel",
     "TestKernelDecode",
     "TestKernelExtend",
     "TestKernelKVCacheDtype",
