@@ -31,7 +31,9 @@ if ! python -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/
 fi
 say "installing plugserve, its plugins and the test tools (editable)"
 # Each plugin with its `test` extra: the test matrix (noxfile.py) links what those declare.
-python -m pip install --quiet \
+# setuptools tells every editable install (a meta path finder) "be careful with folders named
+# like the package" in a 10-line box that pip shows even when quiet: UserWarnings off here.
+PYTHONWARNINGS=ignore::UserWarning python -m pip install --quiet \
     -e ".[dev]" \
     -e "plugins/checker[test]" \
     -e "plugins/attention_triton[test]" \
