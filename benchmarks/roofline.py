@@ -13,11 +13,14 @@ B bytes/s it cannot take less than bytes / B. This script measures
   request of --prompt-len random tokens and --new-tokens output tokens, greedy, EOS ignored;
   the step time is TPOT, (latency - TTFT) / (new tokens - 1), best of --repeats; the forward
   alone is the engine's `forward` phase time over the decode steps;
-- the bytes per step: the weights as the matmuls read them (a float32 copy where the CPU has
-  no native half-precision matmul, see core/model/layers.py) plus the KV of the mean context;
+- the bytes per step: the weights as the matmuls read them (in their own dtype: bf16 weights
+  are read as bf16 by the CPU kernels on every ISA; a float32 copy only without the kernels,
+  see core/model/layers.py) plus the KV of the mean context;
 
 and prints the bandwidth bound, the measured step and their ratio (the fraction of the
-roofline reached). Torch uses `torch.get_num_threads()` threads for both (OMP_NUM_THREADS).
+roofline reached), and the ISA copy of the CPU kernels that ran (`PLUGSERVE_CPU_ISA=avx2`
+forces the AVX2 one on an AVX-512 machine). Torch uses `torch.get_num_threads()` threads for
+both (OMP_NUM_THREADS).
 
     python benchmarks/roofline.py [--dtypes float32,bfloat16] [--prompt-len 128]
         [--new-tokens 128] [--repeats 3] [--bandwidth-mib 1024] [--model PATH] [--json]
@@ -75,7 +78,7 @@ def measure_gemv(rows: int, cols: int, dtype: torch.dtype, repeats: int) -> floa
 
 def weight_bytes(model: Any) -> tuple[int, bool]:
     """Bytes a decode step reads from the weights, and whether the matmuls upcast to fp32."""
-    from plugserve.kernels.packed_linear import upcasts_matmul
+    from plugserve.model.layers import multiplies_as_stored
 
     embed = model.embed_tokens.weight
     tied = getattr(model, "lm_head", None) is None
@@ -85,7 +88,7 @@ def weight_bytes(model: Any) -> tuple[int, bool]:
             total += param.shape[-1] * param.element_size()  # one row looked up
             continue
         size = param.element_size()
-        if param.dim() == 2 and upcasts_matmul(param):
+        if param.dim() == 2 and not multiplies_as_stored(param):
             size, upcast = 4, True  # the matmul reads its float32 copy
         total += param.numel() * size
     return total, upcast
@@ -135,11 +138,14 @@ def main() -> None:
         parser.error("--new-tokens must be >= 2")
 
     from plugserve.engine import Engine
+    from plugserve.kernels import build
 
     threads = torch.get_num_threads()
     bandwidth_repeats = max(args.repeats, 5)
     rng = random.Random(0)
-    out: dict[str, Any] = {"threads": threads, "runs": []}
+    library = build.library()
+    isa = library.isa() if library is not None else f"none ({build.unavailable_reason()})"
+    out: dict[str, Any] = {"threads": threads, "kernel_isa": isa, "runs": []}
     for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
         with Engine(model=args.model, dtype=dtype) as engine:
             before = measure_bandwidth(args.bandwidth_mib, bandwidth_repeats)
@@ -175,7 +181,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(out, indent=2))
         return
-    print(f"threads {threads}; read bandwidth: sum of {args.bandwidth_mib} MiB fp32, before and "
+    print(f"threads {threads}; CPU kernels: {isa}; read bandwidth: sum of {args.bandwidth_mib} MiB fp32, before and "
           "after each dtype's runs, the higher used")
     for r in out["runs"]:
         bw = r["bandwidth"]

@@ -121,11 +121,12 @@ def plugserve_register_fix_toggles(register: RegisterFixToggle) -> None:
     from plugserve.mem.session_kv import SESSION_DOUBLE_COUNT, SESSION_RETRACT_TAIL_LEAK
     from plugserve.mem.spec_accounting import SPEC_V2_BONUS_PRECLAIM
     from plugserve.mem.swa_window import SWA_EVICT_PARTIAL_PAGE, SWA_UNCACHED_FROM_PROTECTED
+    from plugserve.parallel.cross_check import TP_RANK1_SKIPS_FREE
     from plugserve.sched.scheduler import BATCH_IDENTITY
 
     for toggle in (
         BATCH_IDENTITY, FINISH_OVERALLOC_UNALIGNED, RETRACT_NO_RESET, SPEC_V2_BONUS_PRECLAIM,
         SESSION_DOUBLE_COUNT, SESSION_RETRACT_TAIL_LEAK, SWA_UNCACHED_FROM_PROTECTED,
-        SWA_EVICT_PARTIAL_PAGE, SWA_MATCH_ACROSS_TOMBSTONE,
+        SWA_EVICT_PARTIAL_PAGE, SWA_MATCH_ACROSS_TOMBSTONE, TP_RANK1_SKIPS_FREE,
     ):
         register(toggle, toggle.description)

@@ -16,6 +16,8 @@ from plugserve.fixes import ENV_VAR as REVERT_FIX_ENV
 from plugserve.fixes import parse_reverts
 
 DType = Literal["float32", "bfloat16", "float16"]
+# What the KV pools store (vLLM / SGLang names); "auto" = the model's dtype.
+KVCacheDType = Literal["auto", "bfloat16", "float8_e4m3", "float8_e5m2"]
 
 
 class EngineConfig(BaseSettings):
@@ -51,6 +53,11 @@ class EngineConfig(BaseSettings):
         default=None, ge=1, description="KV slots per pool (tokens); None = sized from context"
     )
     context_len: int | None = Field(default=None, ge=2, description="max tokens per request")
+    kv_cache_dtype: KVCacheDType = Field(
+        default="auto",
+        description="what the KV pools store: auto (the model's dtype), bfloat16, float8_e4m3 "
+        "or float8_e5m2 (widened to the model's dtype as attention reads it)",
+    )
     # Hybrid sliding-window models (plugserve.pools.swa_pool): windowed layers' KV in its own pool.
     swa_pools: bool = Field(
         default=True,
@@ -76,6 +83,22 @@ class EngineConfig(BaseSettings):
     spec_steps: int = Field(default=3, ge=1)
     spec_topk: int = Field(default=1, ge=1)
     spec_draft_tokens: int | None = Field(default=None, ge=1)
+
+    # Tensor parallelism (plugserve.parallel): the model's heads, MLP and vocabulary split over
+    # tp_size ranks, each holding its own KV pools for its heads.
+    tp_size: int = Field(
+        default=1, ge=1,
+        description="tensor-parallel ranks; > 1 starts the other ranks (or joins torchrun's)",
+    )
+    tp_backend: str | None = Field(
+        default=None,
+        description="torch.distributed backend of the model's collectives; None = gloo on the "
+        "CPU, nccl on CUDA",
+    )
+    tp_timeout_s: float = Field(
+        default=120.0, gt=0,
+        description="seconds a busy rank waits for the others in a collective before it fails",
+    )
 
     # Accounting checks.
     mem_check: int = Field(default=0, ge=0, le=2, description="0 off, 1 quiet, 2 verbose")
@@ -103,6 +126,13 @@ class EngineConfig(BaseSettings):
                 f"swa_pool_tokens must be a positive number of KV slots (or unset for the "
                 f"default size), got {value!r}"
             )
+        return value
+
+    @field_validator("tp_backend")
+    @classmethod
+    def _known_tp_backend(cls, value: str | None) -> str | None:
+        if value is not None and value not in ("gloo", "nccl"):
+            raise ValueError(f"tp_backend must be 'gloo' or 'nccl' (or unset), got {value!r}")
         return value
 
     @field_validator("device")

@@ -21,6 +21,10 @@ from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
 from plugserve.outputs import GenerateResult, StreamEvent, generate_result
+from plugserve.parallel.cross_check import TP_RANK1_SKIPS_FREE, CrossRankCheck, skip_one_free
+from plugserve.parallel.leader import LeaderScheduler
+from plugserve.parallel.runner import TPModelRunner
+from plugserve.parallel.runtime import TensorParallel
 from plugserve.plugins import PluginHost, load_plugins
 from plugserve.pools.allocator import ceil_align
 from plugserve.request_input import PromptError, token_ids
@@ -69,13 +73,28 @@ class Engine:
         elif overrides:
             config = config.model_copy(update=overrides)
         self.config = config
+        self._plugins = tuple(plugins)
         self.host: PluginHost = load_plugins(plugins, allowlist=config.plugins)
         reasons = validate_config(config, self.host.registries)
         reasons += unknown_reverts(config.revert_fixes, self.host.fix_toggles)
         reasons += device_problems(config.device)
         _refuse(reasons)
         torch.manual_seed(config.seed)
-        self._build(config)
+        self.tp: TensorParallel | None = None
+        try:
+            self._build(config)
+        except BaseException:
+            if self.tp is not None:  # the other ranks must not wait for this one
+                self.tp.close(abandon=True)
+            raise
+
+    @classmethod
+    def run_follower(cls, config: EngineConfig, plugins: Sequence[str] = ()) -> None:
+        """On a tensor-parallel rank > 0 (torchrun's RANK): build this rank's engine and
+        follow rank 0 until it closes (`plugserve.parallel.follower`)."""
+        from plugserve.parallel.follower import run_follower_rank
+
+        run_follower_rank(cls, config, plugins)
 
     # --- start-up ---------------------------------------------------------------------------
     def _build(self, cfg: EngineConfig) -> None:
@@ -83,13 +102,24 @@ class Engine:
 
         self.device = torch.device(cfg.device)
         self.dtype = _torch_dtype(cfg.dtype)
+        if cfg.tp_size > 1:  # every start-up check between the ranks, before any weight
+            from plugserve.model.tp_loader import model_arch
+
+            self.tp = TensorParallel.start(cfg, model_arch(cfg.model), self._plugins, type(self))
+            self.device = self.tp.device
         if self.device.type == "cpu":
+            from plugserve.kernels import build as cpu_kernels
             from plugserve.kernels.cpu_malloc import keep_freed_memory
 
             keep_freed_memory()
-        loaded = load_model(cfg.model, dtype=self.dtype, device=self.device)
+            # Compile the CPU kernels now (first start only, with a visible status), never
+            # inside a request.
+            cpu_kernels.prepare()
+        loaded = load_model(cfg.model, dtype=self.dtype, device=self.device,
+                            shard=self.tp.shard if self.tp is not None else None)
         self.model = loaded.model
         self.arch = loaded.arch
+        rank_arch = loaded.rank_arch  # this rank's heads (all of them without TP)
         self.tokenizer = loaded.tokenizer
         arch = self.arch
         registries = self.host.registries
@@ -110,8 +140,8 @@ class Engine:
                                arch.max_position_embeddings - spec_margin)
         attention = registries.attention.get(cfg.attention)
         backend_cls = attention.load()
-        attention_ctx = AttentionContext(
-            num_heads=arch.num_attention_heads, num_kv_heads=arch.num_key_value_heads,
+        attention_ctx = AttentionContext(  # this rank's heads (all of them without TP)
+            num_heads=rank_arch.num_attention_heads, num_kv_heads=rank_arch.num_key_value_heads,
             head_dim=arch.head_dim, page_size=cfg.page_size,
             max_batch_size=cfg.max_running_requests, context_len=self.context_len,
             dtype=self.dtype, device=self.device, spec_topk=cfg.spec_topk,
@@ -123,8 +153,8 @@ class Engine:
             # What the backend refuses for this model, before any KV memory is allocated.
             _refuse(model_reasons + backend_cls.validate(attention_ctx))
             memory = build_kv_memory(
-                cfg, arch, dtype=self.dtype, device=self.device, context_len=self.context_len,
-                attention_caps=attention.capabilities,
+                cfg, rank_arch, dtype=self.dtype, device=self.device,
+                context_len=self.context_len, attention_caps=attention.capabilities,
                 cache_entry=registries.cache.get(cfg.cache), footprint=footprint,
             )
         except KVSizeError as exc:
@@ -134,8 +164,10 @@ class Engine:
         self.swa_layer_ids = memory.swa_layer_ids
         num_pages, rows = memory.num_pages, memory.kv.rows
         self.backend = backend_cls(attention_ctx)
-        self.runner = ModelRunner(self.model, self.backend, self.kv_pool, rows,
-                                  self.context_len, self.device, self.tokenizer.eos_token_ids)
+        runner_args = (self.model, self.backend, self.kv_pool, rows, self.context_len,
+                       self.device, self.tokenizer.eos_token_ids)
+        self.runner = (ModelRunner(*runner_args) if self.tp is None
+                       else TPModelRunner(*runner_args, shard=self.tp.shard))
         self.grammar = self._grammar_service(cfg)
         if self.grammar is not None:
             self.runner.sampler.steps.append(GrammarMask(self.grammar, self.runner.time_s))
@@ -150,10 +182,16 @@ class Engine:
                 )
             )
             self.runner.spec = self.spec
-        self.scheduler = Scheduler(
-            cfg, self.runner, self.kv, self.hook_pm.hook, self.tokenizer.eos_token_ids,
-            self.tokenizer.decode, spec=self.spec,
+        sched_args = (cfg, self.runner, self.kv, self.hook_pm.hook, self.tokenizer.eos_token_ids,
+                      self.tokenizer.decode)
+        self.scheduler = (
+            LeaderScheduler(*sched_args, spec=self.spec, tp=self.tp)
+            if self.tp is not None and self.tp.leads else Scheduler(*sched_args, spec=self.spec)
         )
+        if self.tp is not None and TP_RANK1_SKIPS_FREE in cfg.revert_fixes and self.tp.rank == 1:
+            skip_one_free(self.kv.allocator)
+        if self.tp is not None:
+            self.tp.wait_for_all_built()
         self.hook_pm.hook.plugserve_engine_configured(config=cfg, scheduler=self.scheduler)
         self._rids = itertools.count()
         self._closed = False
@@ -204,7 +242,9 @@ class Engine:
             if self.config.mem_check > 0
             else []
         )
-        return self.host.engine_hooks(self.checkers)
+        # Every rank's KV terms compared with rank 0's (tensor parallelism, checker on).
+        cross = [CrossRankCheck(self.tp)] if self.tp is not None and self.checkers else []
+        return self.host.engine_hooks([*cross, *self.checkers])
 
     # --- requests ---------------------------------------------------------------------------
     def _to_ids(self, prompt: str | list[int], chat: bool) -> list[int]:
@@ -296,17 +336,21 @@ class Engine:
             if session_id is not None:
                 self._session(session_id).begin_turn(req, session_offset)
             self.scheduler.add_request(req)
+            self._record(("submit", rid, ids, sp, session_id, session_offset))
         return req
 
     # --- streaming sessions -----------------------------------------------------------------
     def open_session(self, timeout_s: float = 600.0) -> str:
         """Open a streaming session: its KV stays between turns (`generate(...,
         session_id=)`); closed by `close_session` or after `timeout_s` idle seconds."""
-        return self._session(None).store.open(timeout_s).session_id
+        session_id = self._session(None).store.open(timeout_s).session_id
+        self._record(("open_session", timeout_s, session_id))
+        return session_id
 
     def close_session(self, session_id: str) -> None:
         """Free everything the session holds (no turn may be in progress)."""
         self._session(session_id).close(session_id)
+        self._record(("close_session", session_id))
 
     def _session(self, session_id: str | None) -> SessionKV:
         sessions = self.kv.sessions
@@ -315,8 +359,19 @@ class Engine:
                 f"sessions need a cache policy that supports them; cache={self.config.cache!r} "
                 "does not: use cache='streaming_session' (--cache streaming_session)"
             )
-        sessions.reap()
+        for closed in sessions.reap():  # timed out (rank 0's clock decides for every rank)
+            self._record(("close_session", closed))
         return sessions
+
+    def _record(self, command: tuple[Any, ...]) -> None:
+        """Tensor parallelism: the other ranks make this change to their scheduler's work
+        before the next step (`plugserve.parallel.leader`)."""
+        if self.tp is not None:
+            self.tp.record(command)
+
+    def rank_problem(self) -> str | None:
+        """Why another tensor-parallel rank cannot serve (it died or failed), or None."""
+        return self.tp.problem() if self.tp is not None else None
 
     def abort(self, req: Req) -> bool:
         return self.scheduler.abort(req.rid)
@@ -449,6 +504,8 @@ class Engine:
         out["cache_evictable_slots"] = full.evictable_size()
         out["cache_protected_slots"] = full.protected_size()
         out["kv_pools"] = {t.pool: vars(t) for t in self.scheduler.kv_terms()}
+        if self.tp is not None:
+            out["tensor_parallel"] = self.tp.stats()
         for checker in self.checkers:
             if hasattr(checker, "counters"):
                 out.setdefault("checker", {}).update(checker.counters())
@@ -514,6 +571,8 @@ class Engine:
             self.scheduler.close()
             if self.grammar is not None:
                 self.grammar.close()
+            if self.tp is not None:
+                self.tp.close()
             self._closed = True
 
     def __enter__(self) -> Engine:

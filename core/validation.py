@@ -43,6 +43,13 @@ def validate_config(
         reasons += _attention_reasons(
             config, registries.attention.get(config.attention), sliding_window
         )
+        if config.tp_size > 1 and not registries.attention.get(config.attention).capabilities \
+                .tensor_parallel:
+            able = [e.name for e in registries.attention if e.capabilities.tensor_parallel]
+            reasons.append(
+                f"attention backend {config.attention!r} does not support tensor parallelism "
+                f"(tp_size={config.tp_size}); backends that do: {', '.join(able) or 'none'}"
+            )
     # A cache policy named explicitly must support windows; the default (`radix`, not set)
     # is resolved by the engine to `swa_radix` for a windowed model.
     if sliding_window and "cache" in config.model_fields_set and config.cache in registries.cache:
@@ -79,6 +86,12 @@ def _attention_reasons(config: EngineConfig, entry: Entry[Any], sliding_window: 
         reasons.append(
             f"attention backend {name!r} does not support dtype {config.dtype!r}; "
             f"it supports {sorted(caps.dtypes)}"
+        )
+    kv = config.kv_cache_dtype
+    if kv not in caps.kv_cache_dtypes and kv != config.dtype:  # the model's dtype is "auto"
+        reasons.append(
+            f"attention backend {name!r} does not read a {kv!r} KV cache "
+            f"(kv_cache_dtype={kv!r}); it reads {sorted(caps.kv_cache_dtypes)}"
         )
     if caps.page_sizes is not None and config.page_size not in caps.page_sizes:
         reasons.append(

@@ -44,7 +44,8 @@ class AttentionLayer:
 
 @dataclass(frozen=True)
 class AttentionContext:
-    """Fixed facts about the engine a backend may size its buffers from."""
+    """Fixed facts about the engine a backend may size its buffers from. Under tensor
+    parallelism the head counts are this rank's (`num_heads / tp_size`, and its KV heads)."""
 
     num_heads: int
     num_kv_heads: int

@@ -2,7 +2,8 @@
 
 Every field is a claim the engine trusts at start-up (`plugserve.validation.validate_config`)
 and the conformance suite holds the backend to. The defaults claim the minimum (float32 on the
-CPU, pages of 1 token, no tree mask, no topk>1, no sliding window, no slot translation), so a
+CPU, pages of 1 token, no tree mask, no topk>1, no sliding window, no slot translation, a KV
+cache of the model's own dtype), so a
 capability added later is claimed by no backend that did not declare it.
 """
 
@@ -26,6 +27,13 @@ class BackendCapabilities:
     # Windowed layers may live in a separate, smaller pool: the backend reads a windowed
     # layer's buffer through `kv_pool.slots_for_layer` (docs/backends.md).
     swa_slot_translation: bool = False
+    # `EngineConfig.kv_cache_dtype` values the backend reads ("auto" = the model's dtype,
+    # always readable); a narrower cache (bfloat16, float8_e4m3, float8_e5m2) is widened to
+    # the queries' dtype by the backend as it reads.
+    kv_cache_dtypes: frozenset[str] = frozenset({"auto"})
+    # Runs on one tensor-parallel rank's heads (AttentionContext and AttentionLayer carry the
+    # rank's head counts); tp_size > 1 is refused for a backend without it.
+    tensor_parallel: bool = False
     notes: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, object]:
@@ -37,6 +45,8 @@ class BackendCapabilities:
             "topk>1": self.topk_gt1,
             "sliding_window": self.sliding_window,
             "swa_slot_translation": self.swa_slot_translation,
+            "kv_cache_dtypes": sorted(self.kv_cache_dtypes),
+            "tensor_parallel": self.tensor_parallel,
         }
 
 
@@ -59,4 +69,6 @@ TORCH_NATIVE_CAPABILITIES = BackendCapabilities(
     topk_gt1=True,
     sliding_window=True,
     swa_slot_translation=True,  # windowed layers read through kv_pool.slots_for_layer
+    kv_cache_dtypes=frozenset({"auto", "bfloat16", "float8_e4m3", "float8_e5m2"}),
+    tensor_parallel=True,  # sized from AttentionContext's (the rank's) head counts
 )

@@ -8,7 +8,8 @@ draft decode reads the per-branch KV lists of `plugserve.attention.draft_kv` ins
 
 On the CPU, decode runs the compiled kernel `plugserve.kernels.paged_decode` over that slot
 table: it reads each key and value in place instead of gathering a padded copy per layer, and
-computes in float32 whatever the cache's dtype. Causal extend (no tree mask; a cached prefix
+computes in float32 whatever the cache's dtype (the model's, or a narrower `kv_cache_dtype`:
+bf16 or fp8, widened as it is read). Causal extend (no tree mask; a cached prefix
 and a sliding window are fine) runs `plugserve.kernels.prefill_attention`, a flash-attention
 loop that skips the masked keys, 1.8x (fp32) to 3x (bf16) faster than SDPA's at 1,024
 tokens. Where the kernels cannot be built (no compiler, no AVX-512 for the prefill one,
@@ -143,9 +144,10 @@ class TorchNativeBackend(AttentionBackend):
             start = meta.query_starts[i]
             slots = fb.kv_pool.slots_for_layer(layer.layer_id, meta.kv_slots[i])
             if use_kernel:
+                # The kernel takes K/V of q's dtype: a narrower cache is widened here.
                 out[start : start + ext_len] = prefill_kernel.prefill_attention(
-                    q[start : start + ext_len], k_buf.index_select(0, slots),
-                    v_buf.index_select(0, slots), layer.scaling,
+                    q[start : start + ext_len], k_buf.index_select(0, slots).to(q.dtype),
+                    v_buf.index_select(0, slots).to(q.dtype), layer.scaling,
                     fb.extend_prefix_lens_cpu[i], layer.sliding_window,
                 )
                 continue

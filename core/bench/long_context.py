@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 NAME = "long-context"
 OWN_REPORT = True  # its runs are memory figures, not the serving metrics table
-ENGINE_FIELDS_SET = ("cache", "page_size")
+ENGINE_FIELDS_SET = ("cache", "page_size", "kv_pool_tokens")
 MODES = ("swa", "full")
 CONCURRENCY_TARGET = 2.5
 

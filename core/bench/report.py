@@ -44,6 +44,8 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     if name in ("throughput", "prefill") and "prompt_tokens" in work:
         _say(console, f"workload tokens: {work['prompt_tokens']:,} prompt, "
                       f"{work['output_tokens']:,} output")
+    if report.get("gemm") is not None:
+        gemm_line(report["gemm"], console)
     hf = report.get("transformers")
     if hf is not None:
         ratios = ", ".join(
@@ -250,3 +252,14 @@ def spec_lines(report: dict[str, Any], console: Any) -> None:
 
 def _ok(flag: bool) -> str:
     return "yes" if flag else "NO"
+
+
+def gemm_line(gemm: dict[str, Any], console: Any) -> None:
+    """The workload's FLOP/s against the GEMM peak measured in the same run."""
+    _say(console, f"GEMM peak share ({gemm['dtype']}): {gemm['flops'] / 1e9:,.1f} GFLOP "
+                  f"(linears {gemm['linear_flops'] / 1e9:,.1f}, LM head "
+                  f"{gemm['lm_head_flops'] / 1e9:,.1f}, attention "
+                  f"{gemm['attention_flops'] / 1e9:,.1f}) in {gemm['seconds']:.2f} s = "
+                  f"{gemm['flop_per_s'] / 1e9:,.1f} GFLOP/s; the engine's linear at the "
+                  f"decoder's shapes peaks at {gemm['peak_flop_per_s'] / 1e9:,.1f} GFLOP/s "
+                  f"({gemm['peak_rows']} rows) -> {gemm['fraction'] or 0:.1%} of the peak")

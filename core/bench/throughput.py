@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from plugserve.bench.gemm_peak import gemm_share
 from plugserve.bench.runner import new_report
 
 if TYPE_CHECKING:
@@ -152,7 +153,11 @@ def run_workload(
             engine.generate([[t % vocab for t in warm_prompt]],
                             SamplingParams(max_new_tokens=1, ignore_eos=True))
         measured = runner.measure(engine, "plugserve", work.prompts, params)
-    run_doc = {**measured.metrics(), "settings": {}}
+        metrics = measured.metrics()
+        # The workload's share of the machine's GEMM peak, measured now, on this engine.
+        report["gemm"] = gemm_share(engine, [len(p) for p in work.prompts], work.max_new,
+                                    float(metrics["seconds"]))
+    run_doc = {**metrics, "settings": {}}
     if grammar is not None:
         run_doc["grammar_mask"] = grammar_mask_figures(measured)
     report["runs"].append(run_doc)

@@ -30,6 +30,7 @@ from plugserve.cli.options import (
     DraftModelOpt,
     DtypeOpt,
     JsonOpt,
+    KVCacheDtypeOpt,
     LogLevelOpt,
     MemCheckOpt,
     ModelOpt,
@@ -39,6 +40,7 @@ from plugserve.cli.options import (
     SpecOpt,
     SpecStepsOpt,
     SpecTopkOpt,
+    TpOpt,
     checked_plugin_host,
     engine_config,
     print_json,
@@ -62,6 +64,11 @@ def bench_command(
     cache: CacheOpt = None,
     page_size: PageSizeOpt = None,
     dtype: DtypeOpt = None,
+    kv_cache_dtype: KVCacheDtypeOpt = None,
+    kv_pool_tokens: Annotated[
+        int | None, typer.Option(help="KV slots per pool (tokens); default: sized by the "
+                                 "workload or from the context.")
+    ] = None,
     device: DeviceOpt = None,
     mem_check: MemCheckOpt = None,
     spec: SpecOpt = None,
@@ -69,6 +76,7 @@ def bench_command(
     spec_steps: SpecStepsOpt = None,
     spec_topk: SpecTopkOpt = None,
     spec_draft_tokens: SpecDraftTokensOpt = None,
+    tp: TpOpt = None,
     num_seqs: Annotated[
         int | None, typer.Option(help="throughput: requests in the workload (default 64); "
                                  "prefill: prompts (default 1); "
@@ -218,6 +226,7 @@ def bench_command(
         if workload == "serving":
             offline = {  # options of the offline workloads and of the engine
                 "model": model, "plugin": plugin, "attention": attention, "cache": cache,
+                "tp": tp,
                 "page_size": page_size, "dtype": dtype, "device": device,
                 "mem_check": mem_check, "spec": spec, "draft_model": draft_model,
                 "spec_steps": spec_steps, "spec_topk": spec_topk,
@@ -248,6 +257,7 @@ def bench_command(
         engine_values: dict[str, Any] = {
             "cache": cache,
             "page_size": page_size,
+            "kv_pool_tokens": kv_pool_tokens,
             "spec": spec,
             "spec_steps": spec_steps,
             "spec_topk": spec_topk,
@@ -282,14 +292,17 @@ def bench_command(
             model=model,
             attention=attention,
             dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
             device=device,
             mem_check=mem_check,
             draft_model=draft_model,
+            tp_size=tp,
             **engine_values,
         )
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []
             host = checked_plugin_host(options, config, debug)
+            refuse_under_torchrun(config)
             compared = parse_compare(compare, vllm_python)
             try:
                 batch_sizes = tuple(
@@ -335,6 +348,15 @@ def bench_command(
                     tables(report)
                 if plot is not None:
                     typer.echo(f"plot written to {report['plot']}", err=True)
+
+
+def refuse_under_torchrun(config: Any) -> None:
+    """A benchmark starts several engines one after the other; torchrun's ranks follow one."""
+    import os
+
+    if config.tp_size > 1 and os.environ.get("RANK") is not None:
+        raise UsageError("bench starts several engines and cannot run under torchrun; run it "
+                         "without torchrun: --tp N starts the ranks on this machine")
 
 
 def write_plot(report: dict[str, Any], path: Path) -> Path:

@@ -25,14 +25,17 @@ from plugserve.cli.options import (
     DebugOpt,
     DeviceOpt,
     DtypeOpt,
+    KVCacheDtypeOpt,
     LogLevelOpt,
     MemCheckOpt,
     ModelOpt,
     PageSizeOpt,
     PluginOpt,
+    TpOpt,
     chat_template_option,
     checked_plugin_host,
     engine_config,
+    followed_rank_0,
 )
 
 if TYPE_CHECKING:
@@ -208,6 +211,7 @@ def chat_command(
     cache: CacheOpt = None,
     page_size: PageSizeOpt = None,
     dtype: DtypeOpt = None,
+    kv_cache_dtype: KVCacheDtypeOpt = None,
     device: DeviceOpt = None,
     mem_check: MemCheckOpt = None,
     system: Annotated[str | None, typer.Option(metavar="PROMPT",
@@ -216,6 +220,7 @@ def chat_command(
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    tp: TpOpt = None,
     chat_template: ChatTemplateOpt = None,
     log_level: LogLevelOpt = "WARNING",
     debug: DebugOpt = False,
@@ -240,8 +245,9 @@ def chat_command(
         from plugserve.sampling import SamplingParams
 
         config = engine_config(model=model, attention=attention, cache=cache or DEFAULT_CACHE,
-                               page_size=page_size, dtype=dtype, device=device,
-                               mem_check=mem_check)
+                               page_size=page_size, dtype=dtype,
+                               kv_cache_dtype=kv_cache_dtype, device=device,
+                               mem_check=mem_check, tp_size=tp)
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []
             host = checked_plugin_host(options, config, debug)
@@ -259,6 +265,8 @@ def chat_command(
             problems = sampling.problems(vocab_size=sys.maxsize)
             if problems:
                 raise UsageError("invalid sampling options: " + "; ".join(problems))
+            if followed_rank_0(config, options):  # torchrun's rank > 0: no terminal of its own
+                return
             run_chat(config, options, sampling, system, chat_template_option(chat_template))
 
 

@@ -18,6 +18,7 @@ from plugserve.cli.options import (
     DraftModelOpt,
     DtypeOpt,
     JsonOpt,
+    KVCacheDtypeOpt,
     LogLevelOpt,
     MemCheckOpt,
     ModelOpt,
@@ -27,9 +28,12 @@ from plugserve.cli.options import (
     SpecOpt,
     SpecStepsOpt,
     SpecTopkOpt,
+    TpBackendOpt,
+    TpOpt,
     chat_template_option,
     checked_plugin_host,
     engine_config,
+    followed_rank_0,
     print_json,
     stderr_console,
 )
@@ -59,11 +63,14 @@ def generate_command(
     json_out: JsonOpt = False,
     mem_check: MemCheckOpt = None,
     dtype: DtypeOpt = None,
+    kv_cache_dtype: KVCacheDtypeOpt = None,
     device: DeviceOpt = None,
     draft_model: DraftModelOpt = None,
     spec_steps: SpecStepsOpt = None,
     spec_topk: SpecTopkOpt = None,
     spec_draft_tokens: SpecDraftTokensOpt = None,
+    tp: TpOpt = None,
+    tp_backend: TpBackendOpt = None,
     log_level: LogLevelOpt = "WARNING",
     debug: DebugOpt = False,
 ) -> None:
@@ -79,15 +86,20 @@ def generate_command(
             page_size=page_size,
             mem_check=mem_check,
             dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
             device=device,
             draft_model=draft_model,
             spec_steps=spec_steps,
             spec_topk=spec_topk,
             spec_draft_tokens=spec_draft_tokens,
+            tp_size=tp,
+            tp_backend=tp_backend,
         )
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []
             checked_plugin_host(options, config, debug)
+            if followed_rank_0(config, options):
+                return
             template = chat_template_option(chat_template)
             sampling = SamplingParams(
                 max_new_tokens=max_new_tokens,

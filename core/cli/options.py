@@ -39,6 +39,11 @@ SpecOpt = Annotated[str | None, typer.Option(help="Speculative algorithm by name
 PageSizeOpt = Annotated[int | None, typer.Option(help="KV page size in tokens.")]
 DtypeOpt = Annotated[str | None, typer.Option(help="float32, bfloat16 or float16.")]
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu or cuda[:N].")]
+KVCacheDtypeOpt = Annotated[
+    str | None,
+    typer.Option(help="What the KV cache stores: auto (the model's dtype), bfloat16, "
+                 "float8_e4m3 or float8_e5m2."),
+]
 MemCheckOpt = Annotated[
     int | None,
     typer.Option(
@@ -50,6 +55,20 @@ DraftModelOpt = Annotated[str | None, typer.Option(help="Draft model folder for 
 SpecStepsOpt = Annotated[int | None, typer.Option(help="Draft steps per verify.")]
 SpecTopkOpt = Annotated[int | None, typer.Option(help="Draft branches per step (1 = chain).")]
 SpecDraftTokensOpt = Annotated[int | None, typer.Option(help="Tree nodes sent to verify.")]
+TpOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--tp",
+        metavar="N",
+        help="Tensor-parallel ranks: the engine starts N-1 more on this machine, or, under "
+        "torchrun, joins its ranks (PLUGSERVE_TP_SIZE).",
+    ),
+]
+TpBackendOpt = Annotated[
+    str | None,
+    typer.Option("--tp-backend", help="torch.distributed backend of the model's collectives: "
+                 "gloo (CPU default) or nccl (CUDA default)."),
+]
 LogLevelOpt = Annotated[
     str,
     typer.Option(
@@ -72,6 +91,19 @@ def engine_config(**values: Any) -> EngineConfig:
     from plugserve.config import EngineConfig
 
     return EngineConfig(**{k: v for k, v in values.items() if v is not None})
+
+
+def followed_rank_0(config: EngineConfig, options: list[str]) -> bool:
+    """Under torchrun, a rank > 0 of a tensor-parallel command serves rank 0's engine instead
+    of running the command itself (no prompt, no port, no output); True once rank 0 closed."""
+    from plugserve.parallel import is_follower_rank
+
+    if config.tp_size <= 1 or not is_follower_rank():
+        return False
+    from plugserve.engine import Engine
+
+    Engine.run_follower(config, plugins=tuple(options))
+    return True
 
 
 def checked_plugin_host(options: list[str], config: EngineConfig, debug: bool) -> PluginHost:

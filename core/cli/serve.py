@@ -23,6 +23,7 @@ from plugserve.cli.options import (
     DeviceOpt,
     DraftModelOpt,
     DtypeOpt,
+    KVCacheDtypeOpt,
     LogLevelOpt,
     MemCheckOpt,
     ModelOpt,
@@ -32,9 +33,12 @@ from plugserve.cli.options import (
     SpecOpt,
     SpecStepsOpt,
     SpecTopkOpt,
+    TpBackendOpt,
+    TpOpt,
     chat_template_option,
     checked_plugin_host,
     engine_config,
+    followed_rank_0,
 )
 
 if TYPE_CHECKING:
@@ -75,6 +79,7 @@ def serve_command(
     spec_draft_tokens: SpecDraftTokensOpt = None,
     page_size: PageSizeOpt = None,
     dtype: DtypeOpt = None,
+    kv_cache_dtype: KVCacheDtypeOpt = None,
     device: DeviceOpt = None,
     seed: Annotated[int | None, _int("Engine seed.")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="Tokenizer folder, if not the model's.")
@@ -111,6 +116,8 @@ def serve_command(
                                   show_default=False)
     ] = None,
     mem_check_ring_size: Annotated[int | None, _int("Checker ring buffer entries.")] = None,
+    tp: TpOpt = None,
+    tp_backend: TpBackendOpt = None,
     log_level: LogLevelOpt = "WARNING",
     debug: DebugOpt = False,
 ) -> None:
@@ -132,12 +139,13 @@ def serve_command(
             model=model, attention=attention, cache=cache, spec=spec, draft_model=draft_model,
             grammar_backend=grammar_backend,
             spec_steps=spec_steps, spec_topk=spec_topk, spec_draft_tokens=spec_draft_tokens,
-            page_size=page_size, dtype=dtype, device=device, seed=seed, tokenizer=tokenizer,
+            page_size=page_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, device=device,
+            seed=seed, tokenizer=tokenizer,
             max_running_requests=max_running_requests, kv_pool_tokens=kv_pool_tokens,
             context_len=context_len, chunked_prefill_size=chunked_prefill_size,
             max_prefill_tokens=max_prefill_tokens, enable_mixed_chunk=enable_mixed_chunk,
             overlap=overlap, mem_check=mem_check, check_pages=check_pages,
-            mem_check_ring_size=mem_check_ring_size,
+            mem_check_ring_size=mem_check_ring_size, tp_size=tp, tp_backend=tp_backend,
         )
         given = {
             "host": host, "port": port, "api_key": api_key, "max_waiting": max_waiting,
@@ -149,6 +157,8 @@ def serve_command(
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []
             checked_plugin_host(options, config, debug)
+            if followed_rank_0(config, options):  # torchrun's rank > 0: no HTTP of its own
+                return
             template = chat_template_option(chat_template)
             sock = bind(settings)
             try:

@@ -2,8 +2,8 @@
 
 Run op by op from Python, one decoder layer at batch 1 spends ~70 us per step in the
 interpreter and in dispatch, next to a few microseconds of work above its weight stream: over
-30 layers that is a sixth of a bf16 step. `csrc/decode_layer.cpp` runs the same kernels back
-to back in C++, with results identical to the op-by-op path (its reference here, and the
+30 layers that is a sixth of a bf16 step. `csrc/ops/decode_layer.cpp` runs the same kernels
+back to back in C++, with results identical to the op-by-op path (its reference here, and the
 path everywhere `applies` says no):
 
 - `attention_input`: the input norm, the fused qkv projection and rope on q and k;
@@ -23,49 +23,39 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
+from typing import Any
 
 import torch
 
+from plugserve.kernels import build, paged_decode
 from plugserve.kernels import fused_elementwise as fused
-from plugserve.kernels import paged_decode
 from plugserve.kernels import skinny_linear as skinny
-from plugserve.kernels.build import load_vectorised, vectorised_unavailable_reason
 from plugserve.kernels.paged_decode import PagedDecodePlan
-
-KERNEL = "decode_layer"
-
-
-def _kernel() -> ModuleType | None:
-    return load_vectorised(KERNEL)
 
 
 def available() -> bool:
     """True when the kernel is built for this CPU (compiling it the first time)."""
-    return _kernel() is not None
+    return build.library() is not None
 
 
 def why_unavailable() -> str | None:
-    return vectorised_unavailable_reason(KERNEL)
+    return build.unavailable_reason()
 
 
 def applies(hidden: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor) -> bool:
     """True when a layer whose qkv projection is `qkv_weight` should run its step of
     `hidden` [rows, hidden_size] (rope angles `cos`) here: the few-row linear takes these rows
     and this dtype, and no gradient is wanted. (The caller also checks that its weights are
-    multiplied as stored, not through a float32 copy: see `plugserve.model.layers`.)"""
+    read as stored: see `plugserve.model.layers.multiplies_as_stored`.)"""
     if torch.is_grad_enabled() and (hidden.requires_grad or qkv_weight.requires_grad):
         return False
     if cos.dtype != hidden.dtype:
         return False
-    return skinny.applies(hidden, qkv_weight) and _kernel() is not None
+    return skinny.applies(hidden, qkv_weight)
 
 
-def _module() -> ModuleType:
-    module = _kernel()
-    if module is None:
-        raise RuntimeError(f"the decode_layer CPU kernel is unavailable: {why_unavailable()}")
-    return module
+def _module() -> Any:
+    return build.ops()
 
 
 def attention_input(
@@ -230,7 +220,10 @@ class DecodeStack:
     def __init__(self, layers: Sequence[LayerWeights]) -> None:
         self.layers = tuple(layers)
         f = self.layers
-        self._stack = _module().DecodeStack(
+        library = build.library()
+        if library is None:
+            raise RuntimeError(f"the decode_layer CPU kernel is unavailable: {why_unavailable()}")
+        self._stack = library.decode_stack_class(
             [w.input_norm for w in f], [w.input_eps for w in f], [w.qkv for w in f],
             [w.qkv_bias for w in f], [w.heads for w in f], [w.kv_heads for w in f],
             [w.head_dim for w in f], [w.o for w in f], [w.o_bias for w in f],

@@ -7,32 +7,30 @@ sum, `silu_mul` is SwiGLU's SiLU(gate) * up over the two halves of the gate-up p
 and `rope_` rotates the q and k heads in place, where the qkv projection left them (its
 reference is `plugserve.model.rope.apply_rope`). The references are the torch code the
 layers ran before the kernels, and remain their path wherever `applies` says no;
-`csrc/fused_elementwise.cpp` computes the same in one pass over each row, rounding to the
+`csrc/kernels/elementwise.cpp` computes the same in one pass over each row, rounding to the
 input dtype where the references round (the kernel is tested against them,
 tests/kernels/test_fused_elementwise.py).
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from plugserve.kernels.build import load, unavailable_reason
-
-KERNEL = "fused_elementwise"
+from plugserve.kernels import build
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def available() -> bool:
     """True when the compiled kernels load on this machine (compiling them the first time)."""
-    return load(KERNEL) is not None
+    return build.library() is not None
 
 
 def why_unavailable() -> str | None:
-    return unavailable_reason(KERNEL)
+    return build.unavailable_reason()
 
 
 def applies(*tensors: torch.Tensor) -> bool:
@@ -48,14 +46,11 @@ def applies(*tensors: torch.Tensor) -> bool:
             return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
-    return load(KERNEL) is not None
+    return build.library() is not None
 
 
-def _module() -> ModuleType:
-    module = load(KERNEL)
-    if module is None:
-        raise RuntimeError(f"the fused_elementwise CPU kernels are unavailable: {why_unavailable()}")
-    return module
+def _module() -> Any:
+    return build.ops()
 
 
 def rms_norm(

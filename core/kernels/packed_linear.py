@@ -14,7 +14,8 @@ Packing once at first use removes it:
   in a build without oneDNN, bit-identical to `F.linear` for two or more rows.
 
 Anything else (a GPU weight, a build without either, half precision without native kernels,
-`PLUGSERVE_CPU_KERNELS=0`) uses `F.linear`. A pack is cached per weight tensor and rebuilt
+`PLUGSERVE_CPU_KERNELS=0`) uses `F.linear` (or, for half-precision weights without native
+kernels, `plugserve.kernels.widening_gemm`: see `plugserve.model.layers.linear`). A pack is cached per weight tensor and rebuilt
 when the weight is written in place (its version counter moves); it goes away with its
 weight. The reference is `F.linear` itself (tests/kernels/test_packed_linear.py).
 """
@@ -29,19 +30,30 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from plugserve.kernels import build
 from plugserve.kernels.build import enabled_by_environment
 
 HALF = (torch.bfloat16, torch.float16)
 
 
 @functools.cache
-def half_is_native(dtype: torch.dtype) -> bool:
-    """True when this CPU multiplies `dtype` (bf16/fp16) natively (AVX512-BF16, AMX,
-    AVX512-FP16), as oneDNN reports it (asked once per dtype: every linear asks)."""
+def _onednn_half(dtype: torch.dtype) -> bool:
     mkldnn = torch.ops.mkldnn
     if dtype == torch.bfloat16:
         return bool(mkldnn._is_mkldnn_bf16_supported())
     return bool(mkldnn._is_mkldnn_fp16_supported())
+
+
+def half_is_native(dtype: torch.dtype) -> bool:
+    """True when this CPU multiplies `dtype` (bf16/fp16) natively (AVX512-BF16, AMX,
+    AVX512-FP16), as oneDNN reports it (asked once per dtype: every linear asks). Where
+    the CPU kernels run a copy below their best ISA (`PLUGSERVE_CPU_ISA=avx2`, or a test's
+    `use_isa`), bf16 counts as native only if that copy has bf16 dot products, so the whole
+    engine takes the paths of a CPU with that ISA."""
+    if not _onednn_half(dtype):
+        return False
+    library = build.library() if _ENABLED else None
+    return library is None or dtype != torch.bfloat16 or library.bf16_dot
 
 
 def pack_kind(weight: torch.Tensor) -> str | None:
@@ -129,5 +141,8 @@ def packed(weight: torch.Tensor) -> PackedWeight | None:
 
 
 def upcasts_matmul(weight: torch.Tensor) -> bool:
-    """True when matmuls against `weight` are faster in float32 on this machine."""
+    """True when matmuls against `weight` (a weight or an activation) are faster in float32 on
+    this machine: half precision on a CPU without native half dot products. The linears then
+    read half-precision weights as they are (`plugserve.kernels.widening_gemm`); attention
+    outside the CPU kernels (SDPA) computes in float32."""
     return weight.dtype in HALF and weight.is_cpu and not half_is_native(weight.dtype)

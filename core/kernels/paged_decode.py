@@ -4,9 +4,10 @@ Query row `i` attends to the keys at `slots[i, first_key[i]:kv_lens[i]]` of the 
 V buffers ([slots, kv_heads, head_dim]); `first_key` is 0 for a full layer and
 `kv_lens - window` for a sliding-window one. `reference` does this with a gathered,
 padded copy and `scaled_dot_product_attention` in float32 (what `torch_native` did before the
-kernel); `paged_decode` runs `csrc/paged_decode.cpp`, which reads each key and value where it
-lies, once, and computes in float32 as well. The kernel is tested against the reference
-(tests/kernels/test_paged_decode_kernel.py).
+kernel); `paged_decode` runs `csrc/kernels/paged_decode.cpp`, which reads each key and value
+where it lies, once, and computes in float32 as well. The cache may hold the queries' dtype,
+bf16 (under float32 queries) or fp8 (e4m3 / e5m2), widened as it is read. The kernel is
+tested against the reference (tests/kernels/test_paged_decode_kernel.py).
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from plugserve.kernels.build import load, unavailable_reason
-
-KERNEL = "paged_decode"
+from plugserve.kernels import build
 
 
 @dataclass(frozen=True)
@@ -39,11 +38,11 @@ class PagedDecodePlan:
 
 def available() -> bool:
     """True when the compiled kernel loads on this machine (compiling it the first time)."""
-    return load(KERNEL) is not None
+    return build.library() is not None
 
 
 def why_unavailable() -> str | None:
-    return unavailable_reason(KERNEL)
+    return build.unavailable_reason()
 
 
 def paged_decode(
@@ -51,10 +50,7 @@ def paged_decode(
     first_key: torch.Tensor, kv_lens: torch.Tensor, scale: float,
 ) -> torch.Tensor:
     """q [queries, heads, head_dim] -> [queries, heads, head_dim] in q's dtype."""
-    module = load(KERNEL)
-    if module is None:
-        raise RuntimeError(f"the paged_decode CPU kernel is unavailable: {why_unavailable()}")
-    out: torch.Tensor = module.paged_decode(q, k_buf, v_buf, slots, first_key, kv_lens, scale)
+    out: torch.Tensor = build.ops().paged_decode(q, k_buf, v_buf, slots, first_key, kv_lens, scale)
     return out
 
 

@@ -6,7 +6,7 @@ the keys at positions 0 ..= prefix_len + i, or with a sliding `window` only to t
 (prefix_len + i - window, prefix_len + i]. Query head h uses kv head h // (H // KVH).
 
 `reference` is `scaled_dot_product_attention` in float32 with that mask spelled out as a
-boolean tensor; `prefill_attention` runs `csrc/prefill_attention.cpp`, a flash-attention
+boolean tensor; `prefill_attention` runs `csrc/kernels/prefill_attention.cpp`, a flash-attention
 style loop (online softmax in float32 over blocks of keys, the fully masked blocks skipped)
 that is tested against it (tests/kernels/test_prefill_attention.py).
 """
@@ -16,29 +16,32 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from plugserve.kernels.build import load, unavailable_reason
+from plugserve.kernels import build
 
-KERNEL = "prefill_attention"
+# The ISA copies whose vector code beats SDPA (the scalar one runs ATen's generic vectors,
+# correct but slower than SDPA).
+VECTOR_ISAS = frozenset({"avx2", "avx512", "avx512_bf16", "neon", "sve256"})
 
 
 def available() -> bool:
     """True when the compiled kernel loads on this machine (compiling it the first time)."""
-    return load(KERNEL) is not None
+    return build.library() is not None
 
 
 def why_unavailable() -> str | None:
-    return unavailable_reason(KERNEL)
+    return build.unavailable_reason()
 
 
 def isa() -> str:
-    """The vector code the kernel was built with: "avx512_bf16", "avx512" or "none". For
-    head_dim % 16 == 0 the first two are 1.8-3x faster than SDPA on a 2-core Zen 4; with
-    "none" (or another head_dim) the kernel runs plain loops, correct but ~4x slower than
-    SDPA, so a caller should keep SDPA there."""
-    module = load(KERNEL)
-    if module is None:
+    """The vector code the kernel runs: the ISA copy in use ("avx512_bf16", "avx512",
+    "avx2", "neon", "sve256"), or "none" for the scalar copy. For head_dim % 16 == 0 the
+    vector copies are 1.8-3x faster than SDPA on a 2-core Zen 4; with "none" (or another
+    head_dim) the kernel runs plain loops, correct but slower than SDPA, so a caller should
+    keep SDPA there."""
+    library = build.library()
+    if library is None:
         raise RuntimeError(f"the prefill_attention CPU kernel is unavailable: {why_unavailable()}")
-    return str(module.isa())
+    return library.isa() if library.isa() in VECTOR_ISAS else "none"
 
 
 def prefill_attention(
@@ -48,13 +51,10 @@ def prefill_attention(
     """softmax(q k^T * scale, causal from `prefix_len`, within `window`) v: [E, H, D] in q's
     dtype, for q [E, H, D] and k, v [prefix_len + E, KVH, D] (float32, bfloat16 or float16;
     k and v may be strided views with a contiguous last dim)."""
-    module = load(KERNEL)
-    if module is None:
-        raise RuntimeError(f"the prefill_attention CPU kernel is unavailable: {why_unavailable()}")
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1 (or None), got {window}")
     # The kernel takes 0 for "no window".
-    out: torch.Tensor = module.prefill_attention(q, k, v, scale, prefix_len, window or 0)
+    out: torch.Tensor = build.ops().prefill_attention(q, k, v, scale, prefix_len, window or 0)
     return out
 
 

@@ -3,41 +3,37 @@
 `row_argmax(logits)` returns each row's largest value and the index of its first occurrence,
 what `torch.max(logits, dim=-1)` returns (the reference), for float32 CPU logits. torch's
 argmax runs one element at a time on the CPU: ~45 us for one row of a 49,152-token vocabulary
-and 1.3 ms for 64 rows, a step's sampling; `csrc/row_argmax.cpp` reads each row twice with
-vector code. A row with a NaN has NaN as its maximum (the sampler reports such rows).
+and 1.3 ms for 64 rows, a step's sampling; the kernel reads each row twice with
+vector code (`csrc/kernels/row_argmax.cpp`). A row with a NaN has NaN as its maximum (the
+sampler reports such rows).
 """
 
 from __future__ import annotations
 
 import torch
 
-from plugserve.kernels.build import load, unavailable_reason
-
-KERNEL = "row_argmax"
+from plugserve.kernels import build
 
 
 def available() -> bool:
     """True when the compiled kernel loads on this machine (compiling it the first time)."""
-    return load(KERNEL) is not None
+    return build.library() is not None
 
 
 def why_unavailable() -> str | None:
-    return unavailable_reason(KERNEL)
+    return build.unavailable_reason()
 
 
 def applies(logits: torch.Tensor) -> bool:
     return (
         logits.is_cpu and logits.dtype == torch.float32 and logits.ndim == 2
-        and logits.shape[1] > 0 and load(KERNEL) is not None
+        and logits.shape[1] > 0 and build.library() is not None
     )
 
 
 def row_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(max [rows] float32, first index of it [rows] int64) of float32 logits [rows, vocab]."""
-    module = load(KERNEL)
-    if module is None:
-        raise RuntimeError(f"the row_argmax CPU kernel is unavailable: {why_unavailable()}")
-    maxes, ids = module.row_argmax(logits)
+    maxes, ids = build.ops().row_argmax(logits)
     return maxes, ids
 
 

@@ -19,7 +19,7 @@ from plugserve.config import EngineConfig
 from plugserve.mem.manager import KVManager
 from plugserve.model.arch import ModelArchConfig
 from plugserve.pools.allocator import PagedAllocator, ceil_align
-from plugserve.pools.kv_pool import KVPool
+from plugserve.pools.kv_pool import KVPool, kv_cache_torch_dtype
 from plugserve.pools.req_to_token import ReqToTokenPool
 from plugserve.pools.swa_pool import HybridAllocator, HybridKVPool, swa_pool_pages
 from plugserve.structs.spec_footprint import SpecFootprint
@@ -54,8 +54,10 @@ def build_kv_memory(
         arch.sliding_window_layer_ids
         if cfg.swa_pools and attention_caps.swa_slot_translation else []
     )
+    # The pools store the KV cache dtype: a narrower one fits more tokens in the same bytes.
+    kv_dtype = kv_cache_torch_dtype(cfg.kv_cache_dtype, dtype)
     layer_bytes = (2 * arch.num_key_value_heads * arch.head_dim
-                   * torch.finfo(dtype).bits // 8)
+                   * torch.finfo(kv_dtype).bits // 8)
     bytes_per_token = layer_bytes * max(
         1, arch.num_hidden_layers - len(swa_layer_ids))
     pool_tokens = cfg.kv_pool_tokens or min(
@@ -76,7 +78,7 @@ def build_kv_memory(
     layer_ids = [layer.layer_id for layer in arch.attention_layers()]
     pool_args: dict[str, Any] = dict(
         page_size=page, num_kv_heads=arch.num_key_value_heads, head_dim=arch.head_dim,
-        dtype=dtype, device=device,
+        dtype=kv_dtype, device=device,
     )
     allocator: PagedAllocator
     if swa_layer_ids:

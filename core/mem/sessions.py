@@ -60,7 +60,9 @@ class SessionStore:
         self.slots: dict[str, SessionSlot] = {}
         self.count_lent_too = False  # fix toggle session_double_count (the old, wrong rule)
 
-    def open(self, timeout_s: float) -> SessionSlot:
+    def open(self, timeout_s: float, session_id: str | None = None) -> SessionSlot:
+        """A new slot; `session_id` is given only by a tensor-parallel follower rank, which
+        opens the session rank 0 opened under rank 0's id."""
         if not timeout_s > 0:
             raise SessionError(f"session timeout_s must be > 0 seconds, got {timeout_s!r}")
         if len(self.slots) >= self.max_sessions:
@@ -69,7 +71,10 @@ class SessionStore:
                 f"request row between turns (at most {self.max_sessions}: "
                 "max_running_requests); close one or raise max_running_requests"
             )
-        sid = f"session-{uuid.uuid4().hex}"  # unguessable: a server hands them to clients
+        # unguessable: a server hands them to clients
+        sid = session_id if session_id is not None else f"session-{uuid.uuid4().hex}"
+        if sid in self.slots:
+            raise SessionError(f"session {sid!r} is already open")
         slot = SessionSlot(sid, float(timeout_s))
         self.slots[sid] = slot
         return slot

@@ -15,6 +15,7 @@ from plugserve.model.errors import ModelLoadError, UnsupportedArchitectureError
 from plugserve.model.llama import CausalLM, CausalLMOutput
 from plugserve.model.loaded_model import LoadedModel
 from plugserve.model.tokenizer import Tokenizer
+from plugserve.model.tp_shard import ModelShard
 
 __all__ = [
     "CausalLM",
@@ -22,6 +23,7 @@ __all__ = [
     "LoadedModel",
     "ModelArchConfig",
     "ModelLoadError",
+    "ModelShard",
     "Tokenizer",
     "UnsupportedArchitectureError",
     "load_model",
@@ -29,13 +31,19 @@ __all__ = [
 
 
 def load_model(
-    path: str | Path | None, *, dtype: torch.dtype, device: torch.device | str
+    path: str | Path | None, *, dtype: torch.dtype, device: torch.device | str,
+    shard: ModelShard | None = None,
 ) -> LoadedModel:
-    """None = the built-in SmolLM2-135M-Instruct; a `.gguf` file; or an HF model folder."""
+    """None = the built-in SmolLM2-135M-Instruct; a `.gguf` file; or an HF model folder.
+    With `shard`, only that tensor-parallel rank's part of every weight is read."""
     from plugserve.model.default_model import default_model_path
     from plugserve.model.loader_gguf import load_gguf_model
     from plugserve.model.loader_hf import load_hf_model
 
+    if shard is not None:
+        from plugserve.model.tp_loader import load_shard
+
+        return load_shard(path, shard, dtype=dtype, device=device)
     if path is None:
         return load_hf_model(default_model_path(), dtype=dtype, device=device)
     resolved = Path(path).expanduser()

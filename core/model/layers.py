@@ -5,9 +5,12 @@ Parameters are allocated with `torch.empty` on the target device and never initi
 loader overwrites every one of them, so random initialisation would only cost time.
 
 Half-precision matmuls on a CPU without native bf16/fp16 kernels (no AVX512-BF16/AMX) run
-many times slower than float32 ones. There the weights stay in the model's dtype (and so do
-the activations between layers and the KV cache), but each matmul multiplies in float32
-against a float32 copy of the weight made once (`matmul_weight`).
+many times slower than float32 ones in the GEMM libraries. There the weights stay in the
+model's dtype and are read as such (half the bytes of float32, no float32 copy is kept): the
+CPU kernels widen them to float32 in registers and multiply in float32
+(`plugserve.kernels.skinny_linear` for a few rows, `plugserve.kernels.widening_gemm` for
+more). Without the kernels (`PLUGSERVE_CPU_KERNELS=0`, no compiler) each such matmul
+multiplies in float32 against a float32 copy of the weight made for that call.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from torch import nn
 
 from plugserve.kernels import fused_elementwise as fused
 from plugserve.kernels import skinny_linear as skinny
-from plugserve.kernels.packed_linear import Derived, packed, per_weight, upcasts_matmul
+from plugserve.kernels import widening_gemm as widening
+from plugserve.kernels.packed_linear import packed, upcasts_matmul
 
 Device = torch.device | str
 
@@ -42,42 +46,40 @@ def parameter_generation() -> int:
     return _parameters_registered
 
 
-_fp32_copies: dict[int, Derived] = {}
-
-
-def matmul_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` itself, or its float32 copy where half-precision matmuls are slow. The copy is
-    made once and refreshed when the weight is written in place (its version counter moves)."""
-    if not upcasts_matmul(weight):
-        return weight
-    copy = per_weight(_fp32_copies, weight, lambda w: w.detach().float())
-    assert isinstance(copy, torch.Tensor)
-    return copy
+def multiplies_as_stored(weight: torch.Tensor) -> bool:
+    """True when `linear` reads `weight` in its own dtype (always with the CPU kernels; in
+    half precision without them only where the CPU has native half dot products)."""
+    return not upcasts_matmul(weight) or widening.takes(weight)
 
 
 def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """x @ weight.T (+ bias), returned in `out_dtype` (default x's dtype). Multiplies in
-    float32 where half precision is slow (see above): for a few rows with the streaming
-    kernel (`plugserve.kernels.skinny_linear`: float32, and bf16 on AVX512-BF16 CPUs),
-    otherwise against a weight packed once for the CPU's GEMM library where there is one
-    (`plugserve.kernels.packed_linear`)."""
+    """x @ weight.T (+ bias), returned in `out_dtype` (default x's dtype). For a few rows the
+    streaming kernel (`plugserve.kernels.skinny_linear`: float32 and bf16); for more, a weight
+    packed once for the CPU's GEMM library where it multiplies the dtype natively
+    (`plugserve.kernels.packed_linear`), or the kernel that reads half-precision weights as
+    they are where it does not (`plugserve.kernels.widening_gemm`)."""
     in_dtype = x.dtype
-    w = matmul_weight(weight)
-    if w is not weight:
-        x = x.float()
-        bias = None if bias is None else bias.float()
-    elif x.dtype != w.dtype:
-        x = x.to(w.dtype)
+    if x.dtype != weight.dtype:
+        x = x.to(weight.dtype)
     # A pack is a detached copy: training (gradients wanted) multiplies the weight itself.
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
-    if not needs_grad and skinny.applies(x, w):
-        out = skinny.skinny_linear(x, w, bias)
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    if needs_grad:
+        out = F.linear(x, weight, bias)
+    elif skinny.applies(x, weight):
+        out = skinny.skinny_linear(x, weight, bias)
+    elif widening.applies(x, weight):
+        out = widening.widening_gemm(x, weight, bias)
     else:
-        pack = None if needs_grad else packed(w)
-        out = pack(x, bias) if pack is not None else F.linear(x, w, bias)
+        pack = packed(weight)
+        if pack is not None:
+            out = pack(x, bias)
+        elif upcasts_matmul(weight):  # no kernels: float32 for this call only
+            out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+        else:
+            out = F.linear(x, weight, bias)
     wanted = out_dtype or in_dtype
     return out if out.dtype == wanted else out.to(wanted)
 

@@ -27,7 +27,6 @@ from torch import nn
 from plugserve.attention.base import AttentionBackend, AttentionLayer
 from plugserve.kernels import decode_layer
 from plugserve.kernels import fused_elementwise as fused
-from plugserve.kernels.packed_linear import upcasts_matmul
 from plugserve.kernels.paged_decode import PagedDecodePlan
 from plugserve.model.arch import ModelArchConfig
 from plugserve.model.layers import (
@@ -37,6 +36,7 @@ from plugserve.model.layers import (
     Linear,
     RMSNorm,
     linear,
+    multiplies_as_stored,
     parameter_generation,
 )
 from plugserve.model.rope import RotaryEmbedding, apply_rope
@@ -199,7 +199,7 @@ class DecoderLayer(nn.Module):
 
 def _few_rows_apply(hidden: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor) -> bool:
     """Whether a Llama-form layer runs these rows through `plugserve.kernels.decode_layer`."""
-    return decode_layer.applies(hidden, qkv_weight, cos) and not upcasts_matmul(qkv_weight)
+    return decode_layer.applies(hidden, qkv_weight, cos) and multiplies_as_stored(qkv_weight)
 
 
 def _norm(arch: ModelArchConfig, size: int, dtype: torch.dtype, device: Device) -> RMSNorm:

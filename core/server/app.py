@@ -121,8 +121,10 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        rank_problem = loop.engine.rank_problem()  # a tensor-parallel rank that died
+        alive = loop.alive and rank_problem is None
         document = {
-            "status": "shutting_down" if state.draining else "ok" if loop.alive
+            "status": "shutting_down" if state.draining else "ok" if alive
             else "unavailable",
             "model": model_id,
             "running": loop.running(),
@@ -131,8 +133,9 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
             "memory_whole_at_idle": loop.idle_memory_problem is None,
             "memory_problem": loop.idle_memory_problem,
             "engine_error": None if loop.failure is None else type(loop.failure).__name__,
+            "rank_problem": rank_problem,
         }
-        up = loop.alive and not state.draining
+        up = alive and not state.draining
         return JSONResponse(document, status_code=200 if up else 503)
 
     @app.get("/metrics")

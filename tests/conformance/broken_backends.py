@@ -59,13 +59,39 @@ class IgnoresSlidingWindow(ExampleBackend):
         return super().attend(q, dataclasses.replace(layer, sliding_window=None), fb)
 
 
+class AttendsToUnroundedNewKV(ExampleBackend):
+    """Declares every `kv_cache_dtypes`, stores the new K/V in the narrower cache, but attends
+    to them as handed in (unrounded) instead of as stored: what a later step reads differs
+    from what this one attended to."""
+
+    name = "example_unrounded_new_kv"
+    capabilities = dataclasses.replace(
+        CAPABILITIES, kv_cache_dtypes=frozenset({"auto", "bfloat16", "float8_e4m3",
+                                                 "float8_e5m2"}))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
+                forward_batch: ForwardBatch) -> torch.Tensor:
+        pool, where = forward_batch.kv_pool, forward_batch.out_cache_loc
+        pool.set_kv(layer.layer_id, where, k, v)
+        stored = pool.k_buffer[layer.layer_id], pool.v_buffer[layer.layer_id]
+        for buffers, new, old in ((pool.k_buffer, k, stored[0]), (pool.v_buffer, v, stored[1])):
+            wide = old.to(q.dtype)
+            wide[where] = new
+            buffers[layer.layer_id] = wide
+        try:
+            return self.attend(q, layer, forward_batch)
+        finally:
+            pool.k_buffer[layer.layer_id], pool.v_buffer[layer.layer_id] = stored
+
+
 BROKEN: dict[str, type[ExampleBackend]] = {
     cls.name: cls for cls in (IgnoresPrefixOffset, AssumesContiguousSlots, DecodeKVOffByOne,
-                              IgnoresSlidingWindow)
+                              IgnoresSlidingWindow, AttendsToUnroundedNewKV)
 }
 
 
 @hookimpl
 def plugserve_register_attention_backends(register: Any) -> None:
     for name, cls in BROKEN.items():
-        register(name, lambda cls=cls: cls, CAPABILITIES, description=cls.__doc__ or "")
+        register(name, lambda cls=cls: cls, getattr(cls, "capabilities", CAPABILITIES),
+                 description=cls.__doc__ or "")

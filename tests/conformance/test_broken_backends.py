@@ -38,6 +38,10 @@ UNHONOURED = {
         ["window_extend", "window_decode", "tree_window"],
         ["prefill", "extend_prefix", "decode", "tree_verify"],
     ),
+    "example_unrounded_new_kv": (
+        ["kv_dtype_extend", "kv_dtype_decode"],
+        ["prefill", "extend_prefix", "decode", "window_decode"],
+    ),
 }
 
 

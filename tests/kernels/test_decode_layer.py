@@ -19,6 +19,8 @@ from plugserve.model import load_model
 from plugserve.model.rope import apply_rope
 from tests.model.conftest import PagedRunner, random_prompts, tiny_hf_model
 
+pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
+
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:

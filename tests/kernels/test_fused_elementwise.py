@@ -25,6 +25,9 @@ HALF = (torch.bfloat16, torch.float16)
 EPS = 1e-6
 
 
+pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
+
+
 @pytest.fixture(scope="module")
 def kernel() -> None:
     if not fe.available():

@@ -7,6 +7,8 @@ import torch
 
 from plugserve.kernels import paged_decode as pd
 
+pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
+
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:
@@ -70,3 +72,18 @@ def test_a_slot_outside_the_cache_is_an_error_not_a_read() -> None:
     slots[0, 1] = k.shape[0] + 5
     with pytest.raises(RuntimeError, match="outside the cache"):
         pd.paged_decode(q, k, v, slots, first, lens, 0.125)
+
+
+@pytest.mark.parametrize(
+    "kv_dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2]
+)
+@pytest.mark.parametrize("window", [None, 5])
+def test_a_narrower_cache_under_float32_queries(kv_dtype: torch.dtype, window: int | None) -> None:
+    """A bf16 or fp8 KV cache (widened to float32 as it is read) under float32 queries: the
+    same as the reference over the same stored values."""
+    q, k, v, slots, first, lens = _case(torch.float32, 8, 2, 128, [1, 7, 30, 129], window, 3)
+    k, v = k.to(kv_dtype), v.to(kv_dtype)
+    out = pd.paged_decode(q, k, v, slots, first, lens, 128**-0.5)
+    ref = pd.reference(q, k, v, slots, first, lens, 128**-0.5)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)

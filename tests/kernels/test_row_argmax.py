@@ -9,6 +9,8 @@ import torch
 
 from plugserve.kernels import row_argmax as ra
 
+pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
+
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from plugserve.kernels import skinny_linear as sk
 from plugserve.model.layers import linear
 
+pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
+
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:

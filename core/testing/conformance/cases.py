@@ -18,8 +18,11 @@ GQA_RATIOS = (1, 3, 4)  # query heads per KV head
 HEAD_DIMS = (64, 128)
 DTYPES = ("float32", "bfloat16", "float16")
 NUM_KV_HEADS = 2
+# A KV cache narrower than the queries (`EngineConfig.kv_cache_dtype`; "auto" = the queries').
+KV_CACHE_DTYPES = ("bfloat16", "float8_e4m3", "float8_e5m2")
 
-_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3": "e4m3",
+          "float8_e5m2": "e5m2"}
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class Shape:
     head_dim: int
     dtype: str
     num_kv_heads: int = NUM_KV_HEADS
+    kv_cache_dtype: str = "auto"  # what the KV pool stores; "auto" = `dtype`
 
     @property
     def num_heads(self) -> int:
@@ -36,11 +40,13 @@ class Shape:
 
     @property
     def id(self) -> str:
-        return f"page{self.page_size}-gqa{self.gqa}-hd{self.head_dim}-{_SHORT[self.dtype]}"
+        kv = "" if self.kv_cache_dtype == "auto" else f"-kv{_SHORT[self.kv_cache_dtype]}"
+        return f"page{self.page_size}-gqa{self.gqa}-hd{self.head_dim}-{_SHORT[self.dtype]}{kv}"
 
     @property
     def requirements(self) -> tuple[str, ...]:
-        return (f"dtype:{self.dtype}", f"page_size:{self.page_size}")
+        kv = () if self.kv_cache_dtype == "auto" else (f"kv_cache_dtype:{self.kv_cache_dtype}",)
+        return (f"dtype:{self.dtype}", f"page_size:{self.page_size}", *kv)
 
 
 Combo = tuple[int, int, int, str]
@@ -68,3 +74,16 @@ def pairwise_shapes(
         chosen.append(best)
         uncovered -= _pairs(best)
     return [Shape(*combo) for combo in chosen]
+
+
+def kv_cache_dtype_shapes(seed: str) -> list[Shape]:
+    """Every narrower KV cache dtype under each query dtype wider than it (fp32 and bf16
+    queries; a bf16 cache under bf16 queries is "auto"), page size, GQA and head dim cycling
+    through their values so that each appears. `seed` is unused: the list is fixed."""
+    del seed
+    pairs = [(q, kv) for kv in KV_CACHE_DTYPES for q in ("float32", "bfloat16") if q != kv]
+    return [
+        Shape(PAGE_SIZES[i % len(PAGE_SIZES)], GQA_RATIOS[i % len(GQA_RATIOS)],
+              HEAD_DIMS[i % len(HEAD_DIMS)], q, kv_cache_dtype=kv)
+        for i, (q, kv) in enumerate(pairs)
+    ]

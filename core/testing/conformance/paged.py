@@ -21,7 +21,7 @@ import torch
 
 from plugserve.attention.base import AttentionContext, AttentionLayer
 from plugserve.attention.draft_kv import build_draft_kv_lists, holey_branch_positions
-from plugserve.pools.kv_pool import KVPool
+from plugserve.pools.kv_pool import KVPool, to_cache_dtype
 from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
 from plugserve.structs.holey_layout import HoleyLayout
 
@@ -261,3 +261,12 @@ def fp32_twin(fb: ForwardBatch) -> ForwardBatch:
         twin.k_buffer[layer_id].copy_(pool.k_buffer[layer_id])
         twin.v_buffer[layer_id].copy_(pool.v_buffer[layer_id])
     return replace(fb, kv_pool=twin, attn_metadata=None, extra=dict(fb.extra))
+
+
+def narrow_kv_pool(pool: KVPool, dtype: torch.dtype) -> None:
+    """Make `pool` store `dtype` (a narrower KV cache dtype), its current values converted as
+    the pool stores them (`to_cache_dtype`)."""
+    for buffers in (pool.k_buffer, pool.v_buffer):
+        for layer_id, buffer in buffers.items():
+            buffers[layer_id] = to_cache_dtype(buffer, dtype)
+    pool.dtype = dtype

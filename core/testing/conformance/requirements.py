@@ -12,7 +12,8 @@ name (a method returning None when met, or the reason it is not).
 
 Names: `dtype:NAME`, `page_size:N`, `custom_mask`, `speculative` (= custom_mask: the engine
 refuses every speculative algorithm without it), `topk_gt1`, `page_tree` (page>1 with
-topk>1: the whitelist decides), `sliding_window`, `spec_algorithm:NAME` (installed).
+topk>1: the whitelist decides), `sliding_window`, `tensor_parallel`, `spec_algorithm:NAME`
+(installed), `kv_cache_dtype:NAME` (a KV cache of NAME under wider queries).
 """
 
 from __future__ import annotations
@@ -142,6 +143,18 @@ class Requirements:
         if self.caps.sliding_window:
             return None
         return f"attention backend {self.name!r} declares sliding_window=False"
+
+    def kv_cache_dtype(self, name: str) -> str | None:
+        if name in self.caps.kv_cache_dtypes:
+            return None
+        return (f"attention backend {self.name!r} does not declare kv_cache_dtype {name!r} "
+                f"(declares {sorted(self.caps.kv_cache_dtypes)})")
+
+    def tensor_parallel(self) -> str | None:
+        if self.caps.tensor_parallel:
+            return None
+        return (f"attention backend {self.name!r} declares tensor_parallel=False (tp_size > 1 "
+                "is refused for it)")
 
     def spec_algorithm(self, name: str) -> str | None:
         from plugserve.plugins import get_plugin_host

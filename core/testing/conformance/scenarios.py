@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from plugserve.pools.kv_pool import kv_cache_torch_dtype
 from plugserve.structs.forward_batch import ForwardBatch, ForwardMode
-from plugserve.testing.conformance.cases import Shape, pairwise_shapes
-from plugserve.testing.conformance.paged import BatchFactory
+from plugserve.testing.conformance.cases import Shape, kv_cache_dtype_shapes, pairwise_shapes
+from plugserve.testing.conformance.paged import BatchFactory, narrow_kv_pool
 
 LAYER_IDS = (3, 6)  # two layers: metadata is built once and must serve every layer
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -36,6 +37,8 @@ class Scenario:
     requirements: tuple[str, ...] = ()
     # Extra requirements that depend on the shape (page size decides page_tree vs topk_gt1).
     shape_requirements: Callable[[Shape], tuple[str, ...]] = field(default=lambda shape: ())
+    # The shapes it runs on, from the scenario's name (the pairwise sample unless given).
+    shapes: Callable[[str], list[Shape]] = pairwise_shapes
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,11 @@ class KernelCase:
         return zlib.crc32(f"{self.scenario.name}/{self.id}".encode()) % 100_000
 
     def build(self, factory: BatchFactory) -> Built:
-        return self.scenario.build(factory, self.shape, self.index)
+        built = self.scenario.build(factory, self.shape, self.index)
+        if self.shape.kv_cache_dtype != "auto":  # the pool stores the narrower dtype
+            narrow_kv_pool(built.fb.kv_pool, kv_cache_torch_dtype(
+                self.shape.kv_cache_dtype, DTYPES[self.shape.dtype]))
+        return built
 
 
 def _common(shape: Shape) -> dict[str, object]:
@@ -127,13 +134,18 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     # Tree verify on a sliding-window layer: the window counts positions, not tree indices.
     Scenario("tree_window", _extend([20, 33], [7, 9], ForwardMode.TARGET_VERIFY, tree=True,
                                     windows=(3, 5, 8)), ("custom_mask", "sliding_window")),
+    # A KV cache narrower than the queries (bf16, fp8): the new K/V stored as the cache's
+    # dtype stores them, the cached ones read widened; the oracle reads the same stored values.
+    Scenario("kv_dtype_extend", _extend([0, 64, 130, 3], [37, 1, 34, 70]),
+             shapes=kv_cache_dtype_shapes),
+    Scenario("kv_dtype_decode", _decode([1, 7, 70, 300]), shapes=kv_cache_dtype_shapes),
 ]}
 
 
 def kernel_cases(scenario: str) -> list[KernelCase]:
     """The scenario's deterministic pairwise sample of shapes, as cases."""
     spec = SCENARIOS[scenario]
-    return [KernelCase(spec, shape, i) for i, shape in enumerate(pairwise_shapes(scenario))]
+    return [KernelCase(spec, shape, i) for i, shape in enumerate(spec.shapes(scenario))]
 
 
 def kernel_case(scenario: str, shape: Shape, index: int = 0) -> KernelCase:

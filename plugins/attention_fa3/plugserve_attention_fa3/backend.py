@@ -17,7 +17,6 @@ this very code without a GPU.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,8 +27,8 @@ from plugserve.attention.base import (
     AttentionContext,
     AttentionLayer,
     cuda_device_scope,
-    resolve_reverts,
 )
+from plugserve.attention.kernel_library import KernelLibraryBackend
 from plugserve.structs.forward_batch import ForwardBatch
 from plugserve_attention_fa3.environment import INSTALL_HINT, fa3_problem
 from plugserve_attention_fa3.fixes import DRAFT_PAGE_SCATTER
@@ -77,27 +76,12 @@ def load_backend() -> type[AttentionBackend]:
     return FA3AttentionBackend
 
 
-class FA3AttentionBackend(AttentionBackend):
+class FA3AttentionBackend(KernelLibraryBackend):
     name = "fa3"
+    kernel_library = "FA3's"
+    load_kernels = staticmethod(import_fa3)
 
-    def __init__(
-        self,
-        ctx: AttentionContext,
-        *,
-        kernels: Any | None = None,
-        revert_fixes: Iterable[str] | None = None,
-    ) -> None:
-        super().__init__(ctx)
-        self.refuse_invalid(ctx)
-        if kernels is None:
-            if torch.device(ctx.device).type != "cuda":
-                raise RuntimeError(
-                    f"attention backend 'fa3' runs FA3's CUDA kernels; device "
-                    f"{str(ctx.device)!r} is not CUDA (use --attention torch_native)"
-                )
-            kernels = import_fa3()
-        self.kernels = kernels
-        self.revert_fixes = resolve_reverts(ctx, revert_fixes)
+    def allocate(self, ctx: AttentionContext) -> None:
         self.page_table = PageTableBuffer(
             max_rows=ctx.max_batch_size * max(1, ctx.spec_topk), device=torch.device(ctx.device))
 

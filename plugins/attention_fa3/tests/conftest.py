@@ -22,12 +22,18 @@ for path in (_HERE.parent, _HERE):  # run from a checkout without installing the
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from plugserve.testing.paged_cases import Cases  # noqa: E402
+from plugserve.testing.gpu_backend import (  # noqa: E402
+    cases,
+    gpu_cases,
+    skip_gpu_tests_unless,
+)
 from plugserve.testing.wheels import WheelUnavailable, cached_from_wheel, member  # noqa: E402
 from plugserve_attention_fa3.environment import (  # noqa: E402
     PINNED_SGL_KERNEL,
     undefined_symbols,
 )
+
+__all__ = ["cases", "gpu_cases"]  # the shared fixtures, for the tests here
 
 
 def _fa3_installed() -> bool:
@@ -40,24 +46,10 @@ def _fa3_installed() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available() and _fa3_installed():
-        return
-    skip = pytest.mark.skip(reason="needs CUDA and an FA3 build (flash_attn_interface or "
-                            "sgl_kernel.flash_attn; the [cuda] extra)")
-    for item in items:
-        if "gpu" in item.keywords and "attention_fa3" in str(item.path):
-            item.add_marker(skip)
-
-
-@pytest.fixture
-def cases(request: pytest.FixtureRequest) -> Cases:
-    """Seeded per test, on the CPU."""
-    return Cases(torch.device("cpu"), sum(map(ord, request.node.name)) % 10_000)
-
-
-@pytest.fixture
-def gpu_cases(request: pytest.FixtureRequest) -> Cases:
-    return Cases(torch.device("cuda"), sum(map(ord, request.node.name)) % 10_000)
+    available = torch.cuda.is_available() and _fa3_installed()
+    skip_gpu_tests_unless(available, items, plugin_dir="attention_fa3",
+                          reason="needs CUDA and an FA3 build (flash_attn_interface or "
+                          "sgl_kernel.flash_attn; the [cuda] extra)")
 
 
 # --- files of the pinned sgl-kernel wheel (API and ABI checks), fetched once and cached -------

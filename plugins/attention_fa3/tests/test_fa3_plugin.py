@@ -1,69 +1,26 @@
-"""Registration: capabilities with the not-verified note, the fix toggle, lazy imports, and
-a backend that refuses to run FA3's CUDA kernels anywhere else."""
+"""Registration: capabilities with the not-verified note, the fix toggles, lazy imports, and
+a backend that refuses to run FA3's CUDA kernels anywhere else (the shared cases of
+`plugserve.testing.backend_registration`)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-import torch
-
-from plugserve.attention.capabilities import gpu_verification_note
-from plugserve.attention.whitelist import whitelisted_for_page_tree
-from plugserve.testing.paged_cases import Shape
+from plugserve.testing.backend_registration import BackendRegistrationCases
 from plugserve_attention_fa3 import capabilities, plugin
 from plugserve_attention_fa3.backend import FA3AttentionBackend
 from plugserve_attention_fa3.environment import unavailable_reason
 from plugserve_attention_fa3.fixes import DRAFT_PAGE_SCATTER
 
-PLUGIN_ROOT = Path(__file__).resolve().parents[1]
 
-
-def test_hook_registers_the_backend_with_its_capabilities() -> None:
-    calls = []
-    plugin.plugserve_register_attention_backends(
-        lambda name, loader, caps, description="", availability=None: calls.append(
-            (name, caps, description, availability)))
-    assert len(calls) == 1
-    name, caps, description, availability = calls[0]
-    assert availability is unavailable_reason
-    assert name == "fa3" and caps is capabilities.CAPABILITIES and description
-    assert caps.devices == frozenset({"cuda"})
-    assert caps.dtypes == frozenset({"bfloat16", "float16"})
-    assert caps.custom_mask and caps.topk_gt1 and caps.sliding_window
-    assert whitelisted_for_page_tree("plugserve-attention-fa3", "fa3")
-
-
-def test_not_verified_until_a_gpu_run_says_so() -> None:
-    assert capabilities.VERIFIED_ON is None
-    assert capabilities.CAPABILITIES.notes[0] == (
-        "not verified on a GPU yet: run `plugserve conformance --attention fa3 --device cuda`")
-    assert gpu_verification_note("fa3", "H200, 2026-11-23, conformance") == (
-        "verified on a GPU: H200, 2026-11-23, conformance")
-
-
-def test_hook_registers_the_fix_toggle() -> None:
-    names = []
-    plugin.plugserve_register_fix_toggles(lambda name, description: names.append(name))
-    assert names == [DRAFT_PAGE_SCATTER]
-
-
-def test_importing_the_plugin_and_backend_imports_no_fa3() -> None:
-    code = ("import sys, plugserve_attention_fa3.plugin, plugserve_attention_fa3.backend; "
-            "assert not {'flash_attn_interface', 'sgl_kernel', 'flash_attn'} & set(sys.modules); "
-            "print('ok')")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(PLUGIN_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120, check=False)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "ok"
-
-
-def test_real_kernels_need_a_cuda_device() -> None:
-    ctx = Shape(4).context(torch.device("cpu"))
-    with pytest.raises(RuntimeError, match="device 'cpu' is not CUDA"):
-        FA3AttentionBackend(ctx)
+class TestFA3Registration(BackendRegistrationCases):
+    attention = "fa3"
+    distribution = "plugserve-attention-fa3"
+    plugin_module = plugin
+    capabilities_module = capabilities
+    backend_cls = FA3AttentionBackend
+    availability = staticmethod(unavailable_reason)
+    fix_toggles = (DRAFT_PAGE_SCATTER,)
+    kernel_modules = frozenset({"flash_attn_interface", "sgl_kernel", "flash_attn"})
+    plugin_root = Path(__file__).resolve().parents[1]
+    expected_capabilities = {"dtypes": frozenset({"bfloat16", "float16"})}

@@ -22,7 +22,6 @@ interpreter, which the CPU tests pass to run this very code without a GPU.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -32,8 +31,8 @@ from plugserve.attention.base import (
     AttentionContext,
     AttentionLayer,
     cuda_device_scope,
-    resolve_reverts,
 )
+from plugserve.attention.kernel_library import KernelLibraryBackend
 from plugserve.structs.forward_batch import ForwardBatch
 from plugserve_attention_flashinfer.buffers import PageIndexBuffer
 from plugserve_attention_flashinfer.environment import (
@@ -87,27 +86,12 @@ def load_backend() -> type[AttentionBackend]:
     return FlashInferAttentionBackend
 
 
-class FlashInferAttentionBackend(AttentionBackend):
+class FlashInferAttentionBackend(KernelLibraryBackend):
     name = "flashinfer"
+    kernel_library = "FlashInfer's"
+    load_kernels = staticmethod(import_flashinfer)
 
-    def __init__(
-        self,
-        ctx: AttentionContext,
-        *,
-        kernels: Any | None = None,
-        revert_fixes: Iterable[str] | None = None,
-    ) -> None:
-        super().__init__(ctx)
-        self.refuse_invalid(ctx)
-        if kernels is None:
-            if torch.device(ctx.device).type != "cuda":
-                raise RuntimeError(
-                    f"attention backend 'flashinfer' runs FlashInfer's CUDA kernels; device "
-                    f"{str(ctx.device)!r} is not CUDA (use --attention torch_native)"
-                )
-            kernels = import_flashinfer()
-        self.kernels = kernels
-        self.revert_fixes = resolve_reverts(ctx, revert_fixes)
+    def allocate(self, ctx: AttentionContext) -> None:
         device = torch.device(ctx.device)
         topk_factor = max(1, ctx.spec_topk)
         sizing = "max_batch_size x spec_topk"
@@ -115,7 +99,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             topk_factor, sizing = 1, f"max_batch_size (reverted: {DRAFT_INDICES_TOPK_FACTOR})"
         self.index_buffer = PageIndexBuffer(max_lists=ctx.max_batch_size * topk_factor,
                                             device=device, sizing=sizing)
-        workspace = getattr(kernels, "WORKSPACE_BYTES", WORKSPACE_BYTES)
+        workspace = getattr(self.kernels, "WORKSPACE_BYTES", WORKSPACE_BYTES)
         with cuda_device_scope(device):
             self._workspace = torch.zeros(workspace, dtype=torch.uint8, device=device)
         self._wrappers: dict[tuple[str, int, float], Any] = {}

@@ -19,24 +19,16 @@ for path in (_HERE.parent, _HERE):  # run from a checkout without installing the
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from plugserve.testing.paged_cases import Cases  # noqa: E402
+from plugserve.testing.gpu_backend import (  # noqa: E402
+    cases,
+    gpu_cases,
+    skip_gpu_tests_unless,
+)
+
+__all__ = ["cases", "gpu_cases"]  # the shared fixtures, for the tests here
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available() and importlib.util.find_spec("flashinfer") is not None:
-        return
-    skip = pytest.mark.skip(reason="needs CUDA and flashinfer-python (the [cuda] extra)")
-    for item in items:
-        if "gpu" in item.keywords and "attention_flashinfer" in str(item.path):
-            item.add_marker(skip)
-
-
-@pytest.fixture
-def cases(request: pytest.FixtureRequest) -> Cases:
-    """Seeded per test, on the CPU."""
-    return Cases(torch.device("cpu"), sum(map(ord, request.node.name)) % 10_000)
-
-
-@pytest.fixture
-def gpu_cases(request: pytest.FixtureRequest) -> Cases:
-    return Cases(torch.device("cuda"), sum(map(ord, request.node.name)) % 10_000)
+    available = torch.cuda.is_available() and importlib.util.find_spec("flashinfer") is not None
+    skip_gpu_tests_unless(available, items, plugin_dir="attention_flashinfer",
+                          reason="needs CUDA and flashinfer-python (the [cuda] extra)")

@@ -46,6 +46,8 @@ class EagleAlgorithm(SpecAlgorithm):
         self.layout = LaneLayout(cfg.page_size, cfg.spec_steps, cfg.spec_topk)
         self.num_draft_tokens = cfg.num_draft_tokens
         self.drafter: Drafter = drafter if drafter is not None else self._load_drafter()
+        # A tensor-parallel target's rank: rank 0's drafts and acceptances are every rank's.
+        self.shard = getattr(ctx.target, "shard", None)
 
     def _load_drafter(self) -> EagleDrafter:
         from plugserve_spec_eagle.head import load_head
@@ -119,6 +121,8 @@ class EagleAlgorithm(SpecAlgorithm):
         states: list[EagleReqState] = [r.spec_state for r in step.reqs]
         rows = [table[int(i)] for i in row_ids]
         tree = self.drafter.draft(row_ids, rows, states)
+        if self.shard is not None:  # the verify's input must be one tree on every rank
+            tree = self.shard.broadcast_object(tree)
         t1 = self._time("draft", t0)
         logits, hidden = self._verify(row_ids, rows, states, tree)
         t2 = self._time("verify", t1)
@@ -128,6 +132,8 @@ class EagleAlgorithm(SpecAlgorithm):
         accepted = accept_all(tree, logits.view(len(states), tree.num_nodes, -1),
                               [r.sampling for r in step.reqs],
                               [r.generator for r in step.reqs], constraints)
+        if self.shard is not None:  # what every rank keeps and emits: rank 0's choice
+            accepted = self.shard.broadcast_object(accepted)
         self._move_accepted_kv(rows, states, [a.path for a in accepted])
         t3 = self._time("accept", t2)
         self._catch_up_after_verify(row_ids, rows, states, tree, hidden,

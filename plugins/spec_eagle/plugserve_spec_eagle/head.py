@@ -37,6 +37,7 @@ from plugserve.model.layers import Device, Linear, linear
 from plugserve.model.llama import CausalLM, DecoderLayer
 from plugserve.model.rope import RotaryEmbedding
 from plugserve.structs.forward_batch import ForwardBatch
+from plugserve_spec_eagle.tp_vocab import DraftVocabShard
 
 HEAD_MARKER = "eagle"
 CONFIG_FILE = "config.json"
@@ -230,6 +231,7 @@ class EagleHead(nn.Module):
             "d2t", torch.arange(config.draft_vocab_size, dtype=torch.int64, device=device)
         )
         self._draft_lm_weight: torch.Tensor | None = None
+        self._vocab_shard: DraftVocabShard | None = None
 
     @property
     def device(self) -> torch.device:
@@ -273,6 +275,12 @@ class EagleHead(nn.Module):
 
     def _select_lm_weight(self) -> torch.Tensor:
         weight = self.target.lm_head_weight.detach()
+        shard = getattr(self.target, "shard", None)  # a tensor-parallel target's rank
+        if shard is not None:
+            ids = self.d2t if self.config.reduced_vocab else torch.arange(
+                self.config.target_vocab_size)
+            self._vocab_shard = DraftVocabShard.build(shard, ids)
+            return self._vocab_shard.weight(weight).contiguous()
         if self.config.reduced_vocab:
             weight = weight.index_select(0, self.d2t.to(weight.device)).contiguous()
         return weight
@@ -294,7 +302,10 @@ class EagleHead(nn.Module):
         """float32 draft-vocabulary logits of head output states (target's norm and LM head)."""
         target_dtype = self.target.dtype
         normed = self.target.final_norm(hidden.to(target_dtype))
-        return linear(normed, self.draft_lm_weight(), None, out_dtype=torch.float32)
+        logits = linear(normed, self.draft_lm_weight(), None, out_dtype=torch.float32)
+        if self._vocab_shard is not None:  # this rank's entries: gather the others'
+            logits = self._vocab_shard.gather(logits)
+        return logits
 
     def _fuse(self, input_ids: torch.Tensor, hidden_in: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():

@@ -15,16 +15,20 @@ from plugserve.testing.conformance.suite.engine import (
 from plugserve.testing.conformance.suite.kernel import (
     TestKernelDecode,
     TestKernelExtend,
+    TestKernelKVCacheDtype,
     TestKernelSlidingWindow,
     TestKernelSpeculative,
 )
+from plugserve.testing.conformance.suite.tensor_parallel import TestEngineTensorParallel
 
 __all__ = [
     "TestEngineGreedy",
     "TestEngineHalfPrecision",
     "TestEngineSpeculative",
+    "TestEngineTensorParallel",
     "TestKernelDecode",
     "TestKernelExtend",
+    "TestKernelKVCacheDtype",
     "TestKernelSlidingWindow",
     "TestKernelSpeculative",
 ]

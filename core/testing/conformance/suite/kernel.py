@@ -11,8 +11,8 @@ from plugserve.testing.conformance.kernel_checks import run_kernel_case
 from plugserve.testing.conformance.scenarios import KernelCase, kernel_cases
 from plugserve.testing.conformance.suite.base import ConformanceTest
 
-__all__ = ["TestKernelDecode", "TestKernelExtend", "TestKernelSlidingWindow",
-           "TestKernelSpeculative"]
+__all__ = ["TestKernelDecode", "TestKernelExtend", "TestKernelKVCacheDtype",
+           "TestKernelSlidingWindow", "TestKernelSpeculative"]
 
 
 def cases(scenario: str) -> Any:
@@ -70,4 +70,16 @@ class TestKernelSlidingWindow(ConformanceTest):
 
     @cases("tree_window")
     def test_window_tree_verify(self, case: KernelCase) -> None:
+        run_kernel_case(self.target, case)
+
+
+class TestKernelKVCacheDtype(ConformanceTest):
+    """A bf16 / fp8 KV cache under wider queries (`kv_cache_dtype`)."""
+
+    @cases("kv_dtype_extend")
+    def test_extend_over_a_narrower_cache(self, case: KernelCase) -> None:
+        run_kernel_case(self.target, case)
+
+    @cases("kv_dtype_decode")
+    def test_decode_over_a_narrower_cache(self, case: KernelCase) -> None:
         run_kernel_case(self.target, case)

@@ -13,60 +13,48 @@
 // only the blocks that cross some row's range are masked.
 //
 // K and V are packed once per call, for all tasks, in the layouts the inner loops want:
-//  - K as panels of 16 keys, transposed ([panel][D][16]): 16 scores build up in one vector by
-//    FMAs of a broadcast query value with a row of the panel, with no horizontal sums. With
-//    AVX512-BF16 and bf16 inputs the panel holds pairs of dims ([panel][D/2][16][2]) for
-//    vdpbf16ps, which multiplies 16 keys x 2 dims by a broadcast pair of query values.
+//  - K as panels of kPanel keys (one vector of float32 scores), transposed
+//    ([panel][D][kPanel]): a panel's scores build up in one vector by FMAs of a broadcast
+//    query value with a row of the panel, with no horizontal sums. In the avx512_bf16 copy,
+//    with bf16 inputs, the panel holds pairs of dims ([panel][D/2][16][2]) for vdpbf16ps,
+//    which multiplies 16 keys x 2 dims by a broadcast pair of query values.
 //  - V as float32 rows ([key][D]): a broadcast probability times a V row accumulates into
-//    the output row by FMAs. With AVX512-BF16 and bf16 inputs V is packed as pairs of keys
-//    ([key / 2][D][2]) and the probabilities are rounded to bf16 for vdpbf16ps (the
+//    the output row by FMAs. In the avx512_bf16 copy, with bf16 inputs, V is packed as pairs
+//    of keys ([key / 2][D][2]) and the probabilities are rounded to bf16 for vdpbf16ps (the
 //    accumulation, the sums and the softmax stay float32).
-// Register tiles are kTileRows rows x 4 vectors (scores: 64 keys; values: 64 dims). The
-// softmax step runs in base 2 with an AVX-512 exp2 (vscalefps), one FMA per 16 scores to
-// their exponents; at head_dim 64 it is the third of the work that is not products, and
-// written as plain loops around vec_exp.h it took as long as the scores themselves.
+// Register tiles are kTileRows rows x kTileCols vectors (AVX-512: 6 x 4; AVX2 and the scalar
+// copy: 6 x 2, to fit 16 registers). The softmax step runs in base 2, one FMA per vector of
+// scores to their exponents.
 //
-// Paths, for D a multiple of 16: AVX512-BF16 for bf16 inputs; AVX-512 float32 for float32,
-// float16 (widened to float32) and bf16 on a CPU without AVX512-BF16. Otherwise (no AVX-512,
-// or another D) a plain-loop version of the same algorithm.
-//
-// The Python side (plugserve/kernels/prefill_attention.py) holds the reference this is tested
-// against.
-#include <torch/extension.h>
+// Paths: for D a multiple of the vector width, the vector path (float32 products; float16
+// and bf16 inputs widened while packing), or the bf16 pair path in the avx512_bf16 copy.
+// Otherwise (another D) a plain-loop version of the same algorithm.
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <string>
+#include <cstdlib>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
-#include "vec_exp.h"
+#include "../vec/pvec.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
+PLUGSERVE_ISA_BEGIN
 namespace {
+
+using namespace vec;
 
 // Block sizes, measured on a 2-core Zen 4 (E = 150 and 1024, 9 heads / 3 kv heads, D = 64):
 // key blocks of 64 .. 512 and 24 .. 96 rows per task were all within 8% of each other.
 // Larger key blocks spread a row's per-block softmax overhead (the max, the rescale) over
 // more keys; fewer rows per task make more tasks, which balances short prompts better.
-constexpr int64_t kPanel = 16;        // keys per packed K panel: one vector of float32 scores
-constexpr int64_t kBlockKeys = 256;   // keys per online-softmax step (16 panels)
+constexpr int64_t kPanel = kWidth;    // keys per packed K panel: one vector of float32 scores
+constexpr int64_t kBlockKeys = 256;   // keys per online-softmax step
 constexpr int64_t kTargetRows = 24;   // query rows (tokens x group heads) per task, about
-constexpr int kTileRows = 6;          // rows per register tile (6 x 4 accumulators + 5 more)
+constexpr int kTileRows = 6;          // rows per register tile
+constexpr int kTileCols = kRegisters >= 32 ? 4 : 2;  // vectors per register tile row
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-inline float to_float(float x) { return x; }
-inline float to_float(c10::BFloat16 x) {
-  return __builtin_bit_cast(float, static_cast<uint32_t>(x.x) << 16);
-}
-inline float to_float(c10::Half x) { return static_cast<float>(x); }
+static_assert(kBlockKeys % kPanel == 0 && kBlockKeys % 16 == 0, "key blocks of whole panels");
 
 // Where one call's keys and queries lie, and how they are cut into tasks.
 struct Problem {
@@ -85,11 +73,26 @@ struct Problem {
   float scale;
 };
 
+// 64-byte aligned scratch (a float32 K panel row is one AVX-512 vector).
+template <typename T>
+struct AlignedBuffer {
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> data;
+  explicit AlignedBuffer(int64_t count) {
+    const size_t bytes = (std::max<int64_t>(count, 1) * sizeof(T) + 63) / 64 * 64;
+    data.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
+    TORCH_CHECK(data != nullptr, "prefill_attention: out of memory packing K/V");
+  }
+  T* get() const { return data.get(); }
+};
+
 // ---------------------------------------------------------------------------------------
-// Packing, once per call, in parallel over (kv head, panel of 16 keys); each function here
-// packs one panel's keys of kv head h, keys [first, first + 16) counted from key_lo. Keys past
-// the end are zeros: their scores are masked, and a zero probability times a garbage value
-// could be NaN.
+// Packing, once per call, in parallel over (kv head, panel of keys); each function here
+// packs one panel's keys of kv head h, keys [first, first + kPanel) counted from key_lo.
+// Keys past the end are zeros: their scores are masked, and a zero probability times a
+// garbage value could be NaN.
 
 // Where key `key` (packed index) of kv head h lies in k or v, or nullptr past the end.
 template <typename T>
@@ -98,7 +101,7 @@ inline const T* key_row(const T* base, int64_t tok_stride, int64_t head_stride,
   return key < p.keys ? base + (p.key_lo + key) * tok_stride + h * head_stride : nullptr;
 }
 
-// K as a transposed float32 panel: dst[d][16].
+// K as a transposed float32 panel: dst[d][kPanel].
 template <typename T>
 void pack_k_panel_f32(const T* k, int64_t tok_stride, int64_t head_stride, const Problem& p,
                       int64_t h, int64_t first, float* dst) {
@@ -108,7 +111,7 @@ void pack_k_panel_f32(const T* k, int64_t tok_stride, int64_t head_stride, const
   }
 }
 
-// V as float32 rows: dst[key][d] for the panel's 16 keys.
+// V as float32 rows: dst[key][d] for the panel's keys.
 template <typename T>
 void pack_v_panel_f32(const T* v, int64_t tok_stride, int64_t head_stride, const Problem& p,
                       int64_t h, int64_t first, float* dst) {
@@ -119,46 +122,19 @@ void pack_v_panel_f32(const T* v, int64_t tok_stride, int64_t head_stride, const
       std::fill(row, row + p.dim, 0.f);
       continue;
     }
+#pragma omp simd
     for (int64_t d = 0; d < p.dim; ++d) row[d] = to_float(src[d]);
   }
 }
 
-// bf16 K as a panel of dim pairs: dst[d / 2][16][2] (bf16 bits), moved a pair (32 bits) at a
-// time.
-void pack_k_panel_bf16(const c10::BFloat16* k, int64_t tok_stride, int64_t head_stride,
-                       const Problem& p, int64_t h, int64_t first, uint16_t* dst) {
-  const uint32_t zero = 0;
-  for (int64_t l = 0; l < kPanel; ++l) {
-    const c10::BFloat16* src = key_row(k, tok_stride, head_stride, p, h, first + l);
-    for (int64_t dp = 0; dp < p.dim / 2; ++dp) {
-      const void* pair = src ? static_cast<const void*>(src + 2 * dp) : &zero;
-      std::memcpy(dst + (dp * kPanel + l) * 2, pair, sizeof(uint32_t));
-    }
-  }
-}
-
-// bf16 V as pairs of keys: dst[key / 2][d][2] (bf16 bits) for the panel's 16 keys.
-void pack_v_panel_bf16(const c10::BFloat16* v, int64_t tok_stride, int64_t head_stride,
-                       const Problem& p, int64_t h, int64_t first, uint16_t* dst) {
-  for (int64_t l = 0; l < kPanel; l += 2) {
-    const c10::BFloat16* even = key_row(v, tok_stride, head_stride, p, h, first + l);
-    const c10::BFloat16* odd = key_row(v, tok_stride, head_stride, p, h, first + l + 1);
-    uint16_t* out = dst + l * p.dim;
-    for (int64_t d = 0; d < p.dim; ++d) {
-      out[2 * d] = even ? even[d].x : uint16_t(0);
-      out[2 * d + 1] = odd ? odd[d].x : uint16_t(0);
-    }
-  }
-}
-
 // ---------------------------------------------------------------------------------------
-// The work on one key block, per instruction set. Each `...Kernels` type says how queries,
-// K, V and the probabilities are stored (Q, K, V, P) and provides
-//   pack_k, pack_v: one panel of 16 keys of K and V (layouts above);
+// The work on one key block. Each `...Kernels` type says how queries, K, V and the
+// probabilities are stored (Q, K, V, P) and provides
+//   pack_k, pack_v: one panel of keys of K and V (layouts above);
 //   load_q:     one query row into the task's block, from q's dtype;
-//   scores:     s[r][0 : 16 * panels] = q_r . k_j (unscaled) for `rows` query rows;
+//   scores:     s[r][0 : kPanel * panels] = q_r . k_j (unscaled) for `rows` query rows;
 //   softmax:    one row's online-softmax step (see softmax_plain);
-//   accumulate: o[r][:] += sum_j p[r][j] * v_j over `keys` keys (a multiple of 16).
+//   accumulate: o[r][:] += sum_j p[r][j] * v_j over `keys` keys (a multiple of kPanel).
 
 // One row's online-softmax step over a key block, in plain loops: s holds the row's raw
 // scores for the block's `n` keys, of which [vis0, vis1) are visible to the row. Writes the
@@ -175,11 +151,11 @@ inline void softmax_plain(const float* __restrict s, float* __restrict prob, int
   const float m_new = std::max(m, block_max);
   // The first block a row sees has m = -inf, zero accumulators and sum: alpha is moot, and
   // exp(-inf) is not relied on to be 0 (exp_f32 clamps its argument).
-  const float alpha = m == kNegInf ? 0.f : plugserve::exp_f32(m - m_new);
+  const float alpha = m == kNegInf ? 0.f : exp_f32(m - m_new);
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = vis0; j < vis1; ++j) {
-    const float e = plugserve::exp_f32(s[j] * scale - m_new);
+    const float e = exp_f32(s[j] * scale - m_new);
     prob[j] = e;
     sum += e;
   }
@@ -190,7 +166,7 @@ inline void softmax_plain(const float* __restrict s, float* __restrict prob, int
   m = m_new;
 }
 
-// Plain loops (any D; the compiler vectorises the 16-key and the D loops).
+// Plain loops (any D; the compiler vectorises the panel and the D loops).
 struct PlainKernels {
   using Q = float;
   using K = float;
@@ -247,72 +223,72 @@ struct PlainKernels {
   }
 };
 
-#if defined(__AVX512F__)
+// ---------------------------------------------------------------------------------------
+// Register tiles over Vectorized<float>. The accumulators are arrays of Reg indexed by
+// compile-time constants in fully unrolled loops, which GCC keeps in registers.
 
-// Register tiles. The accumulators are arrays indexed by compile-time constants in fully
-// unrolled loops, which GCC keeps in registers (checked in the assembly: no spills).
-
-// s[r][16 j : 16 j + 16] = q_r . (panel j) for r < MR, j < NB.
+// s[r][kPanel j : kPanel (j + 1)] = q_r . (panel j) for r < MR, j < NB.
 template <int MR, int NB>
-inline void scores_tile_f32(const float* q, int64_t D, const float* kp, float* s,
-                            int64_t s_stride) {
-  __m512 acc[MR][NB];
+inline void scores_tile(const float* q, int64_t D, const float* kp, float* s, int64_t s_stride) {
+  Reg acc[MR][NB];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int j = 0; j < NB; ++j) acc[r][j] = F(0.0f);
   for (int64_t d = 0; d < D; ++d) {
-    __m512 kv[NB];
+    Reg kv[NB];
 #pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) kv[j] = _mm512_loadu_ps(kp + j * D * kPanel + d * kPanel);
+    for (int j = 0; j < NB; ++j) kv[j] = F::loadu(kp + j * D * kPanel + d * kPanel);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const __m512 qb = _mm512_set1_ps(q[r * D + d]);
+      const F qb(q[r * D + d]);
 #pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_fmadd_ps(qb, kv[j], acc[r][j]);
+      for (int j = 0; j < NB; ++j) acc[r][j] = fmadd(qb, kv[j], acc[r][j]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(s + r * s_stride + j * kPanel, acc[r][j]);
+    for (int j = 0; j < NB; ++j) F(acc[r][j]).store(s + r * s_stride + j * kPanel);
 }
 
-// o[r][0 : 16 NV] += sum_j p[r][j] * v[j][0 : 16 NV] for r < MR (v and o offset to the dims).
+// o[r][0 : kWidth NV] += sum_j p[r][j] * v[j][0 : kWidth NV] for r < MR (v and o offset to
+// the dims).
 template <int MR, int NV>
-inline void values_tile_f32(const float* p, int64_t p_stride, int64_t keys, const float* v,
-                            int64_t D, float* o) {
-  __m512 acc[MR][NV];
+inline void values_tile(const float* p, int64_t p_stride, int64_t keys, const float* v,
+                        int64_t D, float* o) {
+  Reg acc[MR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(o + r * D + 16 * c);
+    for (int c = 0; c < NV; ++c) acc[r][c] = F::loadu(o + r * D + kWidth * c);
   for (int64_t j = 0; j < keys; ++j) {
-    __m512 vv[NV];
+    Reg vv[NV];
 #pragma GCC unroll 4
-    for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_ps(v + j * D + 16 * c);
+    for (int c = 0; c < NV; ++c) vv[c] = F::loadu(v + j * D + kWidth * c);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const __m512 pb = _mm512_set1_ps(p[r * p_stride + j]);
+      const F pb(p[r * p_stride + j]);
 #pragma GCC unroll 4
-      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_fmadd_ps(pb, vv[c], acc[r][c]);
+      for (int c = 0; c < NV; ++c) acc[r][c] = fmadd(pb, vv[c], acc[r][c]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * D + 16 * c, acc[r][c]);
+    for (int c = 0; c < NV; ++c) F(acc[r][c]).store(o + r * D + kWidth * c);
 }
 
 // Tile<MR, N>::run(args, r, c) over `rows` rows in tiles of kTileRows and one smaller tile,
-// and over n vectors in fours and one smaller group: the tile shapes are template arguments.
+// and over n vectors in groups of kTileCols and one smaller group: the tile shapes are
+// template arguments.
 template <template <int, int> class Tile, int MR, typename Args>
 inline void columns(const Args& args, int64_t r, int64_t n) {
   int64_t c = 0;
-  for (; c + 4 <= n; c += 4) Tile<MR, 4>::run(args, r, c);
+  for (; c + kTileCols <= n; c += kTileCols) Tile<MR, kTileCols>::run(args, r, c);
   switch (n - c) {
-    case 3: Tile<MR, 3>::run(args, r, c); break;
-    case 2: Tile<MR, 2>::run(args, r, c); break;
+    case 3: if constexpr (kTileCols > 3) Tile<MR, 3>::run(args, r, c); break;
+    case 2: if constexpr (kTileCols > 2) Tile<MR, 2>::run(args, r, c); break;
     case 1: Tile<MR, 1>::run(args, r, c); break;
     default: break;
   }
@@ -355,95 +331,74 @@ struct ValueArgs {
 template <int MR, int NB>
 struct ScoresF32 {
   static void run(const ScoreArgs<float>& a, int64_t r, int64_t pn) {
-    scores_tile_f32<MR, NB>(a.q + r * a.D, a.D, a.kp + pn * a.D * kPanel,
-                            a.s + r * a.s_stride + pn * kPanel, a.s_stride);
+    scores_tile<MR, NB>(a.q + r * a.D, a.D, a.kp + pn * a.D * kPanel,
+                        a.s + r * a.s_stride + pn * kPanel, a.s_stride);
   }
 };
 
 template <int MR, int NV>
 struct ValuesF32 {
   static void run(const ValueArgs<float>& a, int64_t r, int64_t c) {
-    values_tile_f32<MR, NV>(a.p + r * a.p_stride, a.p_stride, a.keys, a.v + 16 * c, a.D,
-                            a.o + r * a.D + 16 * c);
+    values_tile<MR, NV>(a.p + r * a.p_stride, a.p_stride, a.keys, a.v + kWidth * c, a.D,
+                        a.o + r * a.D + kWidth * c);
   }
 };
 
-// Lanes j .. j + 15 of a block that lie in [vis0, vis1).
-inline __mmask16 lanes(int64_t j, int64_t vis0, int64_t vis1) {
-  const int64_t lo = std::clamp<int64_t>(vis0 - j, 0, 16);
-  const int64_t hi = std::clamp<int64_t>(vis1 - j, 0, 16);
-  return static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-}
-
-// 2^t, within 2e-7 relative (Cephes' exp2f polynomial on [-1/2, 1/2]); vscalefps applies
-// 2^n without building exponent bits, and gives 0 for very negative t.
-inline __m512 exp2_avx512(__m512 t) {
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 y = _mm512_set1_ps(1.535336188319500e-4f);
-  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.339887440266574e-3f));
-  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.618437357674640e-3f));
-  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.550332471162809e-2f));
-  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.402264791363012e-1f));
-  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.931472028550421e-1f));
-  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(y, n);
-}
-
-// The online-softmax step of softmax_plain with AVX-512 (n a multiple of 16, D of 16), in
+// The online-softmax step of softmax_plain in vectors (n a multiple of kWidth, D too), in
 // base 2: m is kept as max(s * scale * log2 e), so one FMA per vector takes a raw score to
-// the exponent. P is float (stored as is) or uint16_t (rounded to bf16; the sum then adds
-// the rounded values, so that the output is the weighted mean with the weights it used).
+// the exponent. P is float (stored as is) or uint16_t (rounded to bf16, avx512_bf16 copy
+// only; the sum then adds the rounded values, so that the output is the weighted mean with
+// the weights it used).
 template <typename P>
-inline void softmax_avx512(const float* s, P* prob, int64_t n, int64_t vis0, int64_t vis1,
-                           float scale, float& m, float& l, float* o, int64_t D) {
+inline void softmax_vec(const float* s, P* prob, int64_t n, int64_t vis0, int64_t vis1,
+                        float scale, float& m, float& l, float* o, int64_t D) {
   const bool all = vis0 == 0 && vis1 == n;
   if (vis0 >= vis1) {
     std::memset(prob, 0, n * sizeof(P));
     return;
   }
   const float c = scale * 1.4426950408889634f;
-  const __m512 vc = _mm512_set1_ps(c);
-  __m512 vmax = _mm512_set1_ps(kNegInf);
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 mask = all ? __mmask16(0xFFFF) : lanes(j, vis0, vis1);
-    vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_mul_ps(_mm512_loadu_ps(s + j), vc));
+  const F vc(c), lo(static_cast<float>(vis0)), hi(static_cast<float>(vis1));
+  // Lanes j .. j + kWidth - 1 of the block that lie in [vis0, vis1): all bits set.
+  const auto visible = [&](int64_t j) {
+    const F idx = F::arange(static_cast<float>(j), 1.0f);
+    return (idx >= lo) & (idx < hi);
+  };
+  F vmax(kNegInf);
+  for (int64_t j = 0; j < n; j += kWidth) {
+    const F t = F::loadu(s + j) * vc;
+    vmax = max_no_nan(all ? t : F::blendv(F(kNegInf), t, visible(j)), vmax);
   }
-  const float m_new = std::max(m, _mm512_reduce_max_ps(vmax));
+  const float m_new = std::max(m, hmax(vmax));
   // The first block a row sees has m = -inf and zero accumulators and sum: alpha is moot.
   const float alpha = m == kNegInf ? 0.f : std::exp2(m - m_new);
-  const __m512 vm = _mm512_set1_ps(m_new);
-  __m512 vsum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 mask = all ? __mmask16(0xFFFF) : lanes(j, vis0, vis1);
+  const F vm(m_new);
+  F vsum(0.0f);
+  for (int64_t j = 0; j < n; j += kWidth) {
     // Masked lanes are computed like the others and then zeroed: their scores do not matter.
-    const __m512 t = _mm512_fmsub_ps(_mm512_loadu_ps(s + j), vc, vm);
-    __m512 e = _mm512_maskz_mov_ps(mask, exp2_avx512(t));
+    F e = vec::exp2(at::vec::fmsub(F::loadu(s + j), vc, vm));
+    if (!all) e = e & visible(j);
     if constexpr (std::is_same_v<P, float>) {
-      _mm512_storeu_ps(prob + j, e);
+      e.store(prob + j);
     } else {
 #if defined(__AVX512BF16__)
       const __m256i bits = (__m256i)_mm512_cvtneps_pbh(e);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(prob + j), bits);
-      e = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-#else
-      static_assert(std::is_same_v<P, float>, "bf16 probabilities need AVX512-BF16");
+      e = F(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
 #endif
     }
-    vsum = _mm512_add_ps(vsum, e);
+    vsum = vsum + e;
   }
   if (alpha != 1.f) {
-    const __m512 va = _mm512_set1_ps(alpha);
-    for (int64_t d = 0; d < D; d += 16) {
-      _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), va));
-    }
+    const F va(alpha);
+    for (int64_t d = 0; d < D; d += kWidth) (F::loadu(o + d) * va).store(o + d);
   }
-  l = l * alpha + _mm512_reduce_add_ps(vsum);
+  l = l * alpha + hsum(vsum);
   m = m_new;
 }
 
-// float32 products (float32 inputs, and float16 / bf16 widened to float32). D % 16 == 0.
-struct Avx512Kernels : PlainKernels {
+// float32 products (float32 inputs, and float16 / bf16 widened to float32). D % kWidth == 0.
+struct VecKernels : PlainKernels {
   static void scores(const float* q, int64_t rows, int64_t D, const float* kp, int64_t panels,
                      float* s, int64_t s_stride) {
     tiles<ScoresF32>(ScoreArgs<float>{q, D, kp, s, s_stride}, rows, panels);
@@ -451,16 +406,46 @@ struct Avx512Kernels : PlainKernels {
 
   static void softmax(const float* s, float* prob, int64_t n, int64_t vis0, int64_t vis1,
                       float scale, float& m, float& l, float* o, int64_t D) {
-    softmax_avx512(s, prob, n, vis0, vis1, scale, m, l, o, D);
+    softmax_vec(s, prob, n, vis0, vis1, scale, m, l, o, D);
   }
 
   static void accumulate(const float* p, int64_t p_stride, int64_t rows, int64_t keys,
                          const float* v, int64_t D, float* o) {
-    tiles<ValuesF32>(ValueArgs<float>{p, p_stride, keys, v, D, o}, rows, D / 16);
+    tiles<ValuesF32>(ValueArgs<float>{p, p_stride, keys, v, D, o}, rows, D / kWidth);
   }
 };
 
 #if defined(__AVX512BF16__)
+static_assert(kPanel == 16, "the bf16 pair layouts are 16 keys wide");
+
+// bf16 K as a panel of dim pairs: dst[d / 2][16][2] (bf16 bits), moved a pair (32 bits) at a
+// time.
+void pack_k_panel_bf16(const BF16* k, int64_t tok_stride, int64_t head_stride,
+                       const Problem& p, int64_t h, int64_t first, uint16_t* dst) {
+  const uint32_t zero = 0;
+  for (int64_t l = 0; l < kPanel; ++l) {
+    const BF16* src = key_row(k, tok_stride, head_stride, p, h, first + l);
+    for (int64_t dp = 0; dp < p.dim / 2; ++dp) {
+      const void* pair = src ? static_cast<const void*>(src + 2 * dp) : &zero;
+      std::memcpy(dst + (dp * kPanel + l) * 2, pair, sizeof(uint32_t));
+    }
+  }
+}
+
+// bf16 V as pairs of keys: dst[key / 2][d][2] (bf16 bits) for the panel's 16 keys.
+void pack_v_panel_bf16(const BF16* v, int64_t tok_stride, int64_t head_stride,
+                       const Problem& p, int64_t h, int64_t first, uint16_t* dst) {
+  for (int64_t l = 0; l < kPanel; l += 2) {
+    const BF16* even = key_row(v, tok_stride, head_stride, p, h, first + l);
+    const BF16* odd = key_row(v, tok_stride, head_stride, p, h, first + l + 1);
+    uint16_t* out = dst + l * p.dim;
+    for (int64_t d = 0; d < p.dim; ++d) {
+      out[2 * d] = even ? even[d].x : uint16_t(0);
+      out[2 * d + 1] = odd ? odd[d].x : uint16_t(0);
+    }
+  }
+}
+
 // s[r][16 j : 16 j + 16] = q_r . (panel j) with vdpbf16ps: each step adds the products of
 // two dims (a broadcast pair of the query row) for 16 keys. D % 2 == 0.
 template <int MR, int NB>
@@ -546,15 +531,15 @@ struct Bf16Kernels {
   using V = uint16_t;
   using P = uint16_t;
 
-  static void pack_k(const c10::BFloat16* k, int64_t ts, int64_t hs, const Problem& p,
-                     int64_t h, int64_t first, uint16_t* panel) {
+  static void pack_k(const BF16* k, int64_t ts, int64_t hs, const Problem& p, int64_t h,
+                     int64_t first, uint16_t* panel) {
     pack_k_panel_bf16(k, ts, hs, p, h, first, panel);
   }
-  static void pack_v(const c10::BFloat16* v, int64_t ts, int64_t hs, const Problem& p,
-                     int64_t h, int64_t first, uint16_t* rows) {
+  static void pack_v(const BF16* v, int64_t ts, int64_t hs, const Problem& p, int64_t h,
+                     int64_t first, uint16_t* rows) {
     pack_v_panel_bf16(v, ts, hs, p, h, first, rows);
   }
-  static void load_q(const c10::BFloat16* src, uint16_t* dst, int64_t D) {
+  static void load_q(const BF16* src, uint16_t* dst, int64_t D) {
     std::memcpy(dst, src, D * sizeof(uint16_t));
   }
 
@@ -565,7 +550,7 @@ struct Bf16Kernels {
 
   static void softmax(const float* s, uint16_t* prob, int64_t n, int64_t vis0, int64_t vis1,
                       float scale, float& m, float& l, float* o, int64_t D) {
-    softmax_avx512(s, prob, n, vis0, vis1, scale, m, l, o, D);
+    softmax_vec(s, prob, n, vis0, vis1, scale, m, l, o, D);
   }
 
   static void accumulate(const uint16_t* p, int64_t p_stride, int64_t rows, int64_t keys,
@@ -574,7 +559,6 @@ struct Bf16Kernels {
   }
 };
 #endif  // __AVX512BF16__
-#endif  // __AVX512F__
 
 // ---------------------------------------------------------------------------------------
 // The task loop, shared by all paths.
@@ -614,8 +598,9 @@ void attend(const T* q, const typename Kern::K* kpack, const typename Kern::V* v
       const int64_t start = (lo - p.key_lo) / kPanel * kPanel;
       const int64_t stop = (last_pos + 1 - p.key_lo + kPanel - 1) / kPanel * kPanel;
       // Blocks are laid from `stop` down, so that the rows of the diagonal block compute at
-      // most block_tokens + 15 masked scores each, and a partial block, if any, is the one
-      // farthest from the diagonal. (The order of the blocks does not matter otherwise.)
+      // most block_tokens + kPanel - 1 masked scores each, and a partial block, if any, is
+      // the one farthest from the diagonal. (The order of the blocks does not matter
+      // otherwise.)
       for (int64_t b1 = stop; b1 > start; b1 -= kBlockKeys) {
         const int64_t b0 = std::max(start, b1 - kBlockKeys), n = b1 - b0;
         Kern::scores(qbuf.data(), rows, D, kpack + (h * panels + b0 / kPanel) * D * kPanel,
@@ -643,117 +628,68 @@ void attend(const T* q, const typename Kern::K* kpack, const typename Kern::V* v
           const float inv = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
           const float* a = acc.data() + r * D;
           T* o = out + (i * p.heads + h * G + g) * D;
-          for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(a[d] * inv);
+          for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(a[d] * inv);
         }
       }
     }
   });
 }
 
-// Packs K and V for `Kern`, both in one parallel pass (64-byte aligned by torch's allocator:
-// a float32 K panel row is one cache line), and runs the tasks.
+// Packs K and V for `Kern`, both in one parallel pass, and runs the tasks.
 template <typename Kern, typename T>
-void run_with(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-              const Problem& p, torch::Tensor& out) {
+void run_with(const PrefillArgs& a, const Problem& p) {
   using K = typename Kern::K;
   using V = typename Kern::V;
-  const auto bytes = torch::TensorOptions().dtype(torch::kUInt8);
   const int64_t elements = p.kv_heads * p.padded * p.dim, panels = p.padded / kPanel;
-  auto kbuf = torch::empty({elements * int64_t(sizeof(K))}, bytes);
-  auto vbuf = torch::empty({elements * int64_t(sizeof(V))}, bytes);
-  K* kpack = reinterpret_cast<K*>(kbuf.data_ptr<uint8_t>());
-  V* vpack = reinterpret_cast<V*>(vbuf.data_ptr<uint8_t>());
-  const T* k_ptr = k.data_ptr<T>();
-  const T* v_ptr = v.data_ptr<T>();
+  AlignedBuffer<K> kbuf(elements);
+  AlignedBuffer<V> vbuf(elements);
+  K* kpack = kbuf.get();
+  V* vpack = vbuf.get();
+  const T* k_ptr = static_cast<const T*>(a.k);
+  const T* v_ptr = static_cast<const T*>(a.v);
   at::parallel_for(0, p.kv_heads * panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t h = t / panels, first = (t % panels) * kPanel;
-      Kern::pack_k(k_ptr, k.stride(0), k.stride(1), p, h, first, kpack + t * kPanel * p.dim);
-      Kern::pack_v(v_ptr, v.stride(0), v.stride(1), p, h, first, vpack + t * kPanel * p.dim);
+      Kern::pack_k(k_ptr, a.k_token_stride, a.k_head_stride, p, h, first,
+                   kpack + t * kPanel * p.dim);
+      Kern::pack_v(v_ptr, a.v_token_stride, a.v_head_stride, p, h, first,
+                   vpack + t * kPanel * p.dim);
     }
   });
-  attend<Kern>(q.data_ptr<T>(), kpack, vpack, p, out.data_ptr<T>());
+  attend<Kern>(static_cast<const T*>(a.q), kpack, vpack, p, static_cast<T*>(a.out));
 }
 
 template <typename T>
-void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-         const Problem& p, torch::Tensor& out) {
-#if defined(__AVX512F__)
+void run(const PrefillArgs& a, const Problem& p) {
 #if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (p.dim % 16 == 0) return run_with<Bf16Kernels, T>(q, k, v, p, out);
+  if constexpr (std::is_same_v<T, BF16>) {
+    if (p.dim % 16 == 0) return run_with<Bf16Kernels, T>(a, p);
   }
 #endif
-  if (p.dim % 16 == 0) return run_with<Avx512Kernels, T>(q, k, v, p, out);
-#endif
-  run_with<PlainKernels, T>(q, k, v, p, out);
+  if (p.dim % kWidth == 0) return run_with<VecKernels, T>(a, p);
+  run_with<PlainKernels, T>(a, p);
 }
 
 }  // namespace
 
-torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale,
-                                int64_t prefix_len, int64_t window) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3,
-              "prefill_attention: q must be [E, H, D], k and v [S, KVH, D]");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
-              "prefill_attention: q, k and v must share a dtype");
-  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
-              "prefill_attention: CPU tensors only");
-  TORCH_CHECK(k.size(1) > 0 && v.size(1) == k.size(1) && q.size(1) % k.size(1) == 0,
-              "prefill_attention: heads must be a multiple of kv heads");
-  TORCH_CHECK(q.size(2) == k.size(2) && k.size(2) == v.size(2),
-              "prefill_attention: q, k and v must share head_dim");
-  TORCH_CHECK(prefix_len >= 0, "prefill_attention: prefix_len must be >= 0");
-  TORCH_CHECK(k.size(0) == prefix_len + q.size(0) && v.size(0) == k.size(0),
-              "prefill_attention: k and v must hold prefix_len + E = ", prefix_len + q.size(0),
-              " tokens, got ", k.size(0), " and ", v.size(0));
-  TORCH_CHECK(window >= 0, "prefill_attention: window must be >= 1, or 0 for none");
-  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1,
-              "prefill_attention: k and v must be contiguous in head_dim (stride(-1) == 1)");
-  q = q.contiguous();
-  auto out = torch::empty_like(q);
-  if (q.numel() == 0) return out;
-
+void prefill_attention(const PrefillArgs& a) {
   Problem p{};
-  p.tokens = q.size(0);
-  p.heads = q.size(1);
-  p.kv_heads = k.size(1);
+  p.tokens = a.tokens;
+  p.heads = a.heads;
+  p.kv_heads = a.kv_heads;
   p.group = p.heads / p.kv_heads;
-  p.dim = q.size(2);
-  p.prefix = prefix_len;
-  p.window = window;
+  p.dim = a.dim;
+  p.prefix = a.prefix;
+  p.window = a.window;
   // With a window no query sees a key before position prefix - window + 1: those are not
   // packed (a long cached prefix costs nothing then).
-  p.key_lo = window > 0 ? std::max<int64_t>(prefix_len - window + 1, 0) : 0;
-  p.keys = k.size(0) - p.key_lo;
+  p.key_lo = a.window > 0 ? std::max<int64_t>(a.prefix - a.window + 1, 0) : 0;
+  p.keys = a.prefix + a.tokens - p.key_lo;
   p.padded = (p.keys + kPanel - 1) / kPanel * kPanel;
   p.block_tokens = std::min(std::max<int64_t>(1, kTargetRows / p.group), p.tokens);
   p.blocks = (p.tokens + p.block_tokens - 1) / p.block_tokens;
-  p.scale = static_cast<float>(scale);
-
-  switch (q.scalar_type()) {
-    case torch::kFloat: run<float>(q, k, v, p, out); break;
-    case torch::kBFloat16: run<c10::BFloat16>(q, k, v, p, out); break;
-    case torch::kHalf: run<c10::Half>(q, k, v, p, out); break;
-    default: TORCH_CHECK(false, "prefill_attention: unsupported dtype ", q.scalar_type());
-  }
-  return out;
+  p.scale = a.scale;
+  PLUGSERVE_FLOAT_TYPES(a.dtype, "prefill_attention", run<T>(a, p));
 }
 
-// The vector code this build has for D % 16 == 0: the plain-loop path alone ("none") is
-// correct but several times slower than SDPA, which the caller should keep then.
-std::string isa() {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-  return "avx512_bf16";
-#elif defined(__AVX512F__)
-  return "avx512";
-#else
-  return "none";
-#endif
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("prefill_attention", &prefill_attention,
-        "causal (optionally sliding-window) prefill attention for one sequence (CPU)");
-  m.def("isa", &isa, "the instruction set this build uses: avx512_bf16, avx512 or none");
-}
+PLUGSERVE_ISA_END

@@ -1,0 +1,180 @@
+// The kernels' entry points: what every ISA copy of csrc/kernels/ defines, and what the ops in
+// csrc/ops/ call through the dispatch table of the ISA chosen at run time (dispatch.h).
+//
+// An entry point takes one plain struct of pointers and sizes (no at::Tensor: the kernel
+// sources compile against ATen's vector headers only, once per ISA, which keeps the build
+// short). The ops check shapes and dtypes, allocate outputs and fill the struct.
+//
+// To add a kernel: its argument struct here, one line in PLUGSERVE_KERNELS, its source in
+// csrc/kernels/ (defining the function in namespace plugserve::PLUGSERVE_ISA, see
+// vec/pvec.h), and its op in csrc/ops/. core/kernels/README.md walks through it.
+#pragma once
+
+#include <cstdint>
+
+namespace plugserve {
+
+// Element types a kernel may be handed (the ops map torch dtypes onto these).
+enum class Dtype : int32_t { f32, bf16, f16, f8e4m3, f8e5m2 };
+
+inline int64_t dtype_bytes(Dtype d) {
+  return d == Dtype::f32 ? 4 : (d == Dtype::bf16 || d == Dtype::f16) ? 2 : 1;
+}
+
+// Where row i of a tensor starts, for every dim but the last (contiguous) one: dims laid out
+// one after another are merged, so a contiguous or 2-d tensor is one multiply.
+struct RowLayout {
+  static constexpr int kMaxDims = 8;
+  int32_t dims = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};
+
+  int64_t offset(int64_t row) const {
+    int64_t off = 0;
+    for (int32_t d = dims - 1; d > 0; --d) {
+      off += (row % sizes[d]) * strides[d];
+      row /= sizes[d];
+    }
+    return dims == 0 ? 0 : off + row * strides[0];
+  }
+};
+
+// out [M, N] = x [M, K] @ w [N, K].T (+ bias), in float32 sums. x, w and out share `dtype`
+// (f32 or bf16); rows of x are x_stride apart, w and out are contiguous; bias is float32.
+struct SkinnyLinearArgs {
+  const void* x;
+  int64_t x_stride;
+  const void* w;
+  const float* bias;  // nullptr: none
+  void* out;
+  int64_t M, K, N;
+  Dtype dtype;
+};
+
+// The same product for more rows with bf16 (or f16) weights on a CPU without native half
+// dot products: each thread widens a block of the weight to float32 in its cache and runs a
+// float32 register-tiled GEMM over it, so the weight is read once, in its own dtype. x and
+// out are `act_dtype` (f32, bf16 or f16), w is `w_dtype`.
+struct WideningGemmArgs {
+  const void* x;
+  int64_t x_stride;
+  const void* w;
+  const float* bias;
+  void* out;
+  int64_t M, K, N;
+  Dtype act_dtype, w_dtype;
+};
+
+// Decode attention over a paged cache: query row i ([heads, dim] at q + i * heads * dim)
+// attends to the keys at slots[i * slot_stride + first_key[i] .. kv_lens[i]) of the k / v
+// buffers ([slots, kv_heads, dim], strided). q and out share `dtype`; the cache holds
+// `kv_dtype` (the same, or an fp8 format read as value * kv_scale).
+struct PagedDecodeArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  Dtype dtype, kv_dtype;
+  int64_t k_token_stride, k_head_stride, v_token_stride, v_head_stride;
+  const int64_t* slots;
+  int64_t slot_stride, slot_width;
+  const int64_t* first_key;
+  const int64_t* kv_lens;
+  int64_t num_slots;
+  int64_t rows, heads, kv_heads, dim;
+  float scale;
+  float k_scale, v_scale;
+};
+
+// Causal (optionally windowed) prefill attention of one sequence: q, out [tokens, heads, dim]
+// contiguous; k, v [prefix + tokens, kv_heads, dim] strided. window 0: none.
+struct PrefillArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  Dtype dtype;
+  int64_t k_token_stride, k_head_stride, v_token_stride, v_head_stride;
+  int64_t tokens, heads, kv_heads, dim, prefix, window;
+  float scale;
+};
+
+// RMSNorm of each row of x (and, for add_rms_norm, of residual + x, stored to new_residual).
+struct NormArgs {
+  const void* x;
+  RowLayout x_rows;
+  const void* residual;
+  RowLayout residual_rows;
+  const void* weight;
+  void* out;           // contiguous [rows, n]
+  void* new_residual;  // contiguous [rows, n]; add_rms_norm only
+  int64_t n, rows;
+  float eps;
+  bool unit_offset;
+  Dtype dtype;
+};
+
+// out [rows, width] = SiLU(gate) * up for gate | up the halves of each input row.
+struct SiluMulArgs {
+  const void* gate_up;
+  RowLayout rows_layout;
+  void* out;
+  int64_t width, rows;
+  Dtype dtype;
+};
+
+// Rotary embedding of x [tokens, heads, 2 * half] in place; cos / sin [tokens, half].
+struct RopeArgs {
+  void* x;
+  int64_t tokens, heads, half, token_stride, head_stride;
+  const void* cos;
+  const void* sin;
+  int64_t cos_stride, sin_stride;
+  Dtype dtype;
+};
+
+// Each row's largest value and the index of its first occurrence (NaN wins), float32 logits.
+struct RowArgmaxArgs {
+  const float* logits;
+  int64_t rows, n;
+  float* max_out;
+  int64_t* index_out;
+};
+
+// Store rows [n, row_bytes] at slots of a buffer (the KV write of a decode step), converting
+// from `src_dtype` to `dst_dtype` (the same, or an fp8 cache format: value / scale).
+struct StoreRowsArgs {
+  const void* src;
+  int64_t src_stride;  // elements between source rows
+  void* dst;
+  int64_t dst_stride;  // elements between destination slots
+  const int64_t* slots;
+  int64_t rows, row_elements;
+  Dtype src_dtype, dst_dtype;
+  float scale;
+};
+
+// name, return type, parameters: every ISA copy defines each of these.
+#define PLUGSERVE_KERNELS(X)                                   \
+  X(void, skinny_linear, (const SkinnyLinearArgs& args))       \
+  X(void, widening_gemm, (const WideningGemmArgs& args))       \
+  X(void, paged_decode, (const PagedDecodeArgs& args))         \
+  X(void, prefill_attention, (const PrefillArgs& args))        \
+  X(void, rms_norm, (const NormArgs& args))                    \
+  X(void, add_rms_norm, (const NormArgs& args))                \
+  X(void, silu_mul, (const SiluMulArgs& args))                 \
+  X(void, rope, (const RopeArgs& args))                        \
+  X(void, row_argmax, (const RowArgmaxArgs& args))             \
+  X(void, store_rows, (const StoreRowsArgs& args))
+
+#define PLUGSERVE_DECLARE_KERNEL(ret, name, params) ret name params;
+
+// Every ISA's namespace declares them (the builder compiles only the ones this CPU runs).
+namespace scalar { PLUGSERVE_KERNELS(PLUGSERVE_DECLARE_KERNEL) }
+namespace avx2 { PLUGSERVE_KERNELS(PLUGSERVE_DECLARE_KERNEL) }
+namespace avx512 { PLUGSERVE_KERNELS(PLUGSERVE_DECLARE_KERNEL) }
+namespace avx512_bf16 { PLUGSERVE_KERNELS(PLUGSERVE_DECLARE_KERNEL) }
+namespace neon { PLUGSERVE_KERNELS(PLUGSERVE_DECLARE_KERNEL) }
+namespace sve256 { PLUGSERVE_KERNELS(PLUGSERVE_DECLARE_KERNEL) }
+
+}  // namespace plugserve

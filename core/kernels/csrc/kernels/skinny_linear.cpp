@@ -1,0 +1,276 @@
+// y = x @ w.T (+ bias) for a few rows of x: the decode step's linears, on the CPU.
+//
+// With one to a few dozen rows a linear layer is a stream over its weight: every weight
+// element is used once per row. GEMM libraries tile for large products and, for 2..16 rows,
+// reach a fraction of the memory bandwidth. Here each thread streams its own contiguous
+// share of the weight rows exactly once, four rows at a time (prefetching 8 KiB ahead into
+// L2), and multiplies every block of them by all rows of x while it sits in registers and L1
+// (x itself is small and stays in cache).
+//
+// float32: products and sums are float32 FMAs. bfloat16 weights are read as bf16, half the
+// bytes of float32, and widened in registers (a 16-bit shift); x is widened once per call, and
+// the float32 sum plus the bias is rounded to bf16 once, at the end. In the avx512_bf16 copy
+// vdpbf16ps multiplies pairs of bf16 values exactly and sums them in float32 instead (as
+// oneDNN's bf16 matmul does), with x as bf16 too.
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+#include "../vec/pvec.h"
+
+PLUGSERVE_ISA_BEGIN
+namespace {
+
+using namespace vec;
+
+constexpr int64_t kRowsPerBlock = 4;  // weight rows streamed together
+// Rows of x per register tile: MR x 4 accumulators + 4 weight vectors + 1 of x must fit.
+constexpr int kXRows = kRegisters >= 32 ? 4 : 2;
+// How far ahead of its loads each weight row is fetched, into L2. The hardware prefetchers
+// alone leave a single-row stream at ~70% of a plain read's bandwidth (bf16: ~23 of ~30 GB/s
+// on two Zen 4 cores); 8 KiB ahead covers the DRAM latency at this loop's speed and brings
+// it level. Into L1 instead is slower than not prefetching: the lines evict ones in use.
+constexpr int64_t kPrefetchBytes = 8192;
+
+// One tile: MR rows of x (float32) times kRowsPerBlock rows of w over all of K, plus bias,
+// rounded to TO into out. Accumulators are an array indexed by constants in fully unrolled
+// loops, which GCC keeps in registers.
+template <typename TW, typename TO, int MR>
+inline void tile(const float* __restrict x, int64_t x_stride, const TW* const* w_rows,
+                 int64_t K, const float* bias, int64_t n0, int64_t n_valid, TO* __restrict out,
+                 int64_t out_stride, const char* prefetch_stop) {
+  Reg acc[MR][kRowsPerBlock];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < kRowsPerBlock; ++j) acc[i][j] = F(0.0f);
+  const TW* r0 = w_rows[0];
+  const TW* r1 = w_rows[1];
+  const TW* r2 = w_rows[2];
+  const TW* r3 = w_rows[3];
+  const int64_t full = K - K % kWidth;
+  for (int64_t k = 0; k < full; k += kWidth) {
+    if (prefetch_stop != nullptr) {  // each row's line kPrefetchBytes on, within the share
+      for (const TW* r : {r0, r1, r2, r3}) {
+        const char* ahead = reinterpret_cast<const char*>(r + k) + kPrefetchBytes;
+        if (ahead < prefetch_stop) prefetch_l2(ahead);
+      }
+    }
+    const Reg w[kRowsPerBlock] = {load(r0 + k), load(r1 + k), load(r2 + k), load(r3 + k)};
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const F xv = F::loadu(x + i * x_stride + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < kRowsPerBlock; ++j) acc[i][j] = fmadd(xv, w[j], acc[i][j]);
+    }
+  }
+  if (full < K) {
+    const int64_t n = K - full;
+    const Reg w[kRowsPerBlock] = {load_n(r0 + full, n), load_n(r1 + full, n),
+                                  load_n(r2 + full, n), load_n(r3 + full, n)};
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const F xv = F::loadu(x + i * x_stride + full, n);
+#pragma GCC unroll 4
+      for (int j = 0; j < kRowsPerBlock; ++j) acc[i][j] = fmadd(xv, w[j], acc[i][j]);
+    }
+  }
+  // Every accumulator is read at a constant index (the sums first, in unrolled loops): an
+  // array of vectors indexed at run time is kept in memory, and GCC then stores every
+  // accumulator on every iteration, which halves the FMA rate.
+  float sums[MR][kRowsPerBlock];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < kRowsPerBlock; ++j) sums[i][j] = hsum(F(acc[i][j]));
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < n_valid; ++j) {
+      const float y = sums[i][j] + (bias != nullptr ? bias[n0 + j] : 0.0f);
+      out[i * out_stride + n0 + j] = from_float<TO>(y);
+    }
+  }
+}
+
+#if defined(__AVX512BF16__)
+// The avx512_bf16 tile: x and w as bf16, 32 values (16 pairs) per vdpbf16ps.
+template <int MR>
+inline void tile_bf16_dot(const BF16* __restrict x, int64_t x_stride, const BF16* const* w_rows,
+                          int64_t K, const float* bias, int64_t n0, int64_t n_valid,
+                          BF16* __restrict out, int64_t out_stride, const char* prefetch_stop) {
+  __m512 acc[MR][kRowsPerBlock];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < kRowsPerBlock; ++j) acc[i][j] = _mm512_setzero_ps();
+  const uint16_t* rows[kRowsPerBlock];
+  for (int j = 0; j < kRowsPerBlock; ++j) rows[j] = reinterpret_cast<const uint16_t*>(w_rows[j]);
+  const uint16_t* xb = reinterpret_cast<const uint16_t*>(x);
+  for (int64_t k = 0; k < K; k += 32) {
+    const __mmask32 mask = K - k >= 32 ? __mmask32(0xFFFFFFFFu)
+                                       : __mmask32((uint32_t{1} << (K - k)) - 1);
+    if (prefetch_stop != nullptr) {
+      for (int j = 0; j < kRowsPerBlock; ++j) {
+        const char* ahead = reinterpret_cast<const char*>(rows[j] + k) + kPrefetchBytes;
+        if (ahead < prefetch_stop) prefetch_l2(ahead);
+      }
+    }
+    __m512bh w[kRowsPerBlock];
+#pragma GCC unroll 4
+    for (int j = 0; j < kRowsPerBlock; ++j)
+      w[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, rows[j] + k);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, xb + i * x_stride + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < kRowsPerBlock; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, w[j]);
+    }
+  }
+  float sums[MR][kRowsPerBlock];  // constant indices only (see `tile`)
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < kRowsPerBlock; ++j) sums[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < n_valid; ++j) {
+      const float y = sums[i][j] + (bias != nullptr ? bias[n0 + j] : 0.0f);
+      out[i * out_stride + n0 + j] = from_float<BF16>(y);
+    }
+  }
+}
+#endif
+
+// Every block of 4 weight rows times all rows of x (tiles of kXRows), over this thread's
+// contiguous share of blocks [begin, end). TX is float (the widened x) or, for the bf16-dot
+// tile, BF16.
+template <typename TX, typename TW, typename TO, typename Tile>
+void run_share(const TX* x, int64_t x_stride, const TW* w, const float* bias, TO* out,
+               int64_t M, int64_t K, int64_t N, int64_t begin, int64_t end, Tile&& tile_fn) {
+  const char* share_end = reinterpret_cast<const char*>(w + std::min(end * kRowsPerBlock, N) * K);
+  for (int64_t b = begin; b < end; ++b) {
+    const int64_t n0 = b * kRowsPerBlock;
+    const int64_t n_valid = std::min(kRowsPerBlock, N - n0);
+    const TW* w_rows[kRowsPerBlock];
+    for (int64_t j = 0; j < kRowsPerBlock; ++j)
+      w_rows[j] = w + std::min(n0 + j, N - 1) * K;  // past N: re-read the last row
+    // The stream ahead is fetched on the block's first tile of x rows only (the later ones
+    // find the block in cache), and not past this thread's share.
+    const char* prefetch = share_end;
+    int64_t m0 = 0;
+    for (; m0 + kXRows <= M; m0 += kXRows, prefetch = nullptr) {
+      tile_fn(std::integral_constant<int, kXRows>{}, x + m0 * x_stride, w_rows, n0, n_valid,
+              out + m0 * N, prefetch);
+    }
+    const TX* xr = x + m0 * x_stride;
+    TO* o = out + m0 * N;
+    switch (M - m0) {
+      case 3:
+        if constexpr (kXRows > 3)
+          tile_fn(std::integral_constant<int, 3>{}, xr, w_rows, n0, n_valid, o, prefetch);
+        break;
+      case 2:
+        if constexpr (kXRows > 2)
+          tile_fn(std::integral_constant<int, 2>{}, xr, w_rows, n0, n_valid, o, prefetch);
+        break;
+      case 1: tile_fn(std::integral_constant<int, 1>{}, xr, w_rows, n0, n_valid, o, prefetch); break;
+      default: break;
+    }
+  }
+}
+
+// Rows of x per pass over the weight: their float32 copy (at most 128 x K) stays in L2
+// while every weight block of the thread's share meets it.
+constexpr int64_t kMBlock = 128;
+
+template <typename TW, typename TO>
+void run_widened(const float* x, int64_t x_stride, const TW* w, const float* bias, TO* out,
+                 int64_t M, int64_t K, int64_t N) {
+  const int64_t blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  // A thread's share is a contiguous run of weight rows: one sequential stream each.
+  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m0 = 0; m0 < M; m0 += kMBlock) {
+      run_share(x + m0 * x_stride, x_stride, w, bias, out + m0 * N, std::min(kMBlock, M - m0),
+                K, N, begin, end,
+                [&](auto mr, const float* xr, const TW* const* rows, int64_t n0,
+                    int64_t n_valid, TO* o, const char* prefetch) {
+                  tile<TW, TO, decltype(mr)::value>(xr, x_stride, rows, K, bias, n0, n_valid,
+                                                    o, N, prefetch);
+                });
+    }
+  });
+}
+
+// x [M, K] of T as contiguous float32 (the few-row and widening paths multiply in float32).
+template <typename T>
+std::vector<float> widen_rows(const T* x, int64_t x_stride, int64_t M, int64_t K) {
+  std::vector<float> x32(M * K);
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
+                   [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      const T* row = x + m * x_stride;
+      float* dst = x32.data() + m * K;
+#pragma omp simd
+      for (int64_t k = 0; k < K; ++k) dst[k] = to_float(row[k]);
+    }
+  });
+  return x32;
+}
+
+template <typename TX, typename TW>
+void widening_gemm_typed(const WideningGemmArgs& a) {
+  const TX* x = static_cast<const TX*>(a.x);
+  const TW* w = static_cast<const TW*>(a.w);
+  TX* out = static_cast<TX*>(a.out);
+  if constexpr (std::is_same_v<TX, float>) {
+    run_widened(x, a.x_stride, w, a.bias, out, a.M, a.K, a.N);
+  } else {
+    const std::vector<float> x32 = widen_rows(x, a.x_stride, a.M, a.K);
+    run_widened(x32.data(), a.K, w, a.bias, out, a.M, a.K, a.N);
+  }
+}
+
+}  // namespace
+
+void skinny_linear(const SkinnyLinearArgs& a) {
+  if (a.dtype == Dtype::f32) {
+    run_widened(static_cast<const float*>(a.x), a.x_stride, static_cast<const float*>(a.w),
+                a.bias, static_cast<float*>(a.out), a.M, a.K, a.N);
+    return;
+  }
+  TORCH_CHECK(a.dtype == Dtype::bf16, "skinny_linear: float32 or bfloat16 operands only");
+  const BF16* x = static_cast<const BF16*>(a.x);
+  const BF16* w = static_cast<const BF16*>(a.w);
+  BF16* out = static_cast<BF16*>(a.out);
+#if defined(__AVX512BF16__)
+  const int64_t blocks = (a.N + kRowsPerBlock - 1) / kRowsPerBlock;
+  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
+    run_share(x, a.x_stride, w, a.bias, out, a.M, a.K, a.N, begin, end,
+              [&](auto mr, const BF16* xr, const BF16* const* rows, int64_t n0,
+                  int64_t n_valid, BF16* o, const char* prefetch) {
+                tile_bf16_dot<decltype(mr)::value>(xr, a.x_stride, rows, a.K, a.bias, n0,
+                                                   n_valid, o, a.N, prefetch);
+              });
+  });
+#else
+  // x widened once (a few rows: it stays in cache), the weight as it streams.
+  const std::vector<float> x32 = widen_rows(x, a.x_stride, a.M, a.K);
+  run_widened(x32.data(), a.K, w, a.bias, out, a.M, a.K, a.N);
+#endif
+}
+
+// The same register tiles for any number of rows, the weight read in its own half-precision
+// dtype and widened in registers: the GEMM for bf16 / fp16 weights where the CPU has no
+// native half dot products (no float32 copy of the weights is kept anywhere).
+void widening_gemm(const WideningGemmArgs& a) {
+  switch (a.w_dtype) {
+    case Dtype::bf16:
+      PLUGSERVE_FLOAT_TYPES(a.act_dtype, "widening_gemm", widening_gemm_typed<T, BF16>(a));
+      break;
+    case Dtype::f16:
+      PLUGSERVE_FLOAT_TYPES(a.act_dtype, "widening_gemm", widening_gemm_typed<T, Half>(a));
+      break;
+    default: TORCH_CHECK(false, "widening_gemm: bf16 or fp16 weights only");
+  }
+}
+
+PLUGSERVE_ISA_END

@@ -1,0 +1,96 @@
+// Shared by the ops (csrc/ops/*.cpp): the torch-facing side of the kernels. An op checks its
+// tensors, allocates the outputs, fills the kernel's argument struct and calls the kernel of
+// the ISA in use (`kernels().name(args)`). Compiled once, with the baseline flags.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "../dispatch.h"
+
+namespace plugserve::ops {
+
+// The kernels' element type for a float tensor (float32, bfloat16, float16).
+inline Dtype float_dtype(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return Dtype::f32;
+    case at::kBFloat16: return Dtype::bf16;
+    case at::kHalf: return Dtype::f16;
+    default: TORCH_CHECK(false, what, ": unsupported dtype ", t.scalar_type(),
+                         " (float32, bfloat16 or float16)");
+  }
+}
+
+// The element type of a KV cache buffer: a float dtype, or an fp8 format.
+inline Dtype kv_dtype(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat8_e4m3fn: return Dtype::f8e4m3;
+    case at::kFloat8_e5m2: return Dtype::f8e5m2;
+    default: return float_dtype(t, what);
+  }
+}
+
+// Row starts of `t` for every dim but the last (which must be contiguous).
+inline RowLayout row_layout(const at::Tensor& t) {
+  RowLayout layout;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    const int64_t size = t.size(d), stride = t.stride(d);
+    if (size == 1) continue;
+    if (layout.dims > 0 && layout.strides[layout.dims - 1] == stride * size) {
+      layout.sizes[layout.dims - 1] *= size;
+      layout.strides[layout.dims - 1] = stride;
+    } else {
+      TORCH_CHECK(layout.dims < RowLayout::kMaxDims, "too many dims: ", t.sizes());
+      layout.sizes[layout.dims] = size;
+      layout.strides[layout.dims] = stride;
+      ++layout.dims;
+    }
+  }
+  return layout;
+}
+
+inline int64_t rows_of(const at::Tensor& t) {
+  const int64_t last = t.size(-1);
+  return last == 0 ? 0 : t.numel() / last;
+}
+
+inline at::Tensor last_dim_contiguous(const at::Tensor& t) {
+  return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
+}
+
+// The bias as the linear kernels add it: float32, or undefined for none.
+inline at::Tensor bias_as_float(const std::optional<at::Tensor>& bias, int64_t outputs,
+                                const char* what) {
+  if (!bias.has_value() || !bias->defined()) return {};
+  TORCH_CHECK(bias->numel() == outputs, what, ": bias has ", bias->numel(), " values for ",
+              outputs, " outputs");
+  return bias->to(at::kFloat).contiguous();
+}
+
+// out [M, N] = x [M, K] @ w [N, K].T + bias32 with the few-row kernel (ops/linear.cpp).
+void skinny_linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias32,
+                        at::Tensor& out);
+
+// The elementwise kernels on tensors the caller checked (ops/elementwise.cpp).
+void rms_norm_into(const at::Tensor& x, const at::Tensor& w, double eps, bool unit_offset,
+                   at::Tensor& out);
+void add_rms_norm_into(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
+                       double eps, bool unit_offset, at::Tensor& out, at::Tensor& new_residual);
+void silu_mul_into(const at::Tensor& gate_up, at::Tensor& out);
+void rope_in_place(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// Decode attention over a paged cache (ops/attention.cpp).
+at::Tensor paged_decode(at::Tensor q, const at::Tensor& k, const at::Tensor& v,
+                        const at::Tensor& slots, at::Tensor first_key, at::Tensor kv_lens,
+                        double scale, double k_scale, double v_scale);
+
+// buffer[slots[r]] = rows[r] (converted to the buffer's dtype, / scale for fp8).
+void store_rows(at::Tensor& buffer, const at::Tensor& slots, const at::Tensor& rows,
+                double scale);
+
+}  // namespace plugserve::ops

@@ -1,0 +1,171 @@
+"""The instruction sets the CPU kernels are compiled for, and which one runs here.
+
+Every kernel source in `csrc/kernels/` is compiled once per instruction set (ISA) into the
+one extension (`plugserve.kernels.build`), each copy in its own C++ namespace, and the
+extension picks one at run time from the CPU's features: the best one this CPU has, or
+the one `PLUGSERVE_CPU_ISA` (or `use_isa`, in tests) asks for, which must be one this CPU
+can run. On x86-64 the ladder is
+
+    scalar        no vector flags (ATen's generic `Vectorized<T>`: plain loops the compiler
+                  vectorises for SSE2)
+    avx2          AVX2 + FMA + F16C (Haswell, Zen 1 and later)
+    avx512        AVX-512 F/BW/DQ/VL (Skylake-SP, Zen 4 and later)
+    avx512_bf16   AVX-512 + AVX512-BF16 (bf16 pair dot products: Cooper Lake, Zen 4)
+
+and on 64-bit Arm `neon` (baseline) and `sve256` (SVE with 256-bit vectors, e.g. Graviton 3).
+`ladder()` lists the ones this machine can run, lowest first; only those are compiled
+(a machine with fewer features builds its own copy, under another cache key).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import platform
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_ISA = "PLUGSERVE_CPU_ISA"
+
+
+@dataclass(frozen=True)
+class Isa:
+    """One instruction set: its name (also the C++ namespace of its copy of the kernels),
+    the compiler flags and macros that select it, and the CPU features it needs."""
+
+    name: str
+    flags: tuple[str, ...]
+    # ATen's macros: CPU_CAPABILITY names the namespace of its Vectorized<T> (one per copy,
+    # so two copies never share an inline function) and CPU_CAPABILITY_<X> picks the
+    # implementation.
+    namespace: str
+    implementations: tuple[str, ...]
+    needs: frozenset[str] = frozenset()
+
+    @property
+    def macros(self) -> tuple[str, ...]:
+        return (
+            f"-DCPU_CAPABILITY={self.namespace}", f"-DPLUGSERVE_ISA={self.name}",
+            *(f"-DCPU_CAPABILITY_{x}" for x in self.implementations),
+        )
+
+
+_X86 = (
+    Isa("scalar", (), "DEFAULT", ("DEFAULT",)),
+    Isa("avx2", ("-mavx2", "-mfma", "-mf16c"), "AVX2", ("AVX2",),
+        frozenset({"avx2", "fma", "f16c"})),
+    Isa(
+        "avx512",
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"),
+        "AVX512", ("AVX512",),
+        frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"}),
+    ),
+    Isa(
+        "avx512_bf16",
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
+         "-mavx512bf16"),
+        # Its own namespace for ATen's vector types: the copy built with bf16 instructions
+        # must not share inline functions with the plain AVX-512 one.
+        "AVX512_BF16", ("AVX512",),
+        frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c", "avx512_bf16"}),
+    ),
+)
+_ARM = (
+    Isa("neon", (), "DEFAULT", ("DEFAULT",)),
+    Isa("sve256", ("-march=armv8.2-a+sve", "-msve-vector-bits=256"), "SVE256",
+        ("SVE", "SVE256"), frozenset({"sve256"})),
+)
+ALL = _X86 + _ARM
+NAMES = tuple(isa.name for isa in ALL)
+
+
+def _cpu_flags() -> frozenset[str]:
+    """The feature flags the kernel reports for this CPU (Linux: /proc/cpuinfo), plus
+    `sve256` where torch found 256-bit SVE."""
+    flags: set[str] = set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                flags.update(value.split())
+                break
+    else:  # elsewhere, what torch's own dispatch found (AVX2 / AVX512 only)
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+        if capability in ("AVX2", "AVX512"):
+            flags.update({"avx2", "fma", "f16c"})
+        if capability == "AVX512":
+            flags.update({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+    if "sve" in flags:
+        import torch
+
+        if torch.backends.cpu.get_cpu_capability() == "SVE256":
+            flags.add("sve256")
+    return frozenset(flags)
+
+
+@functools.cache
+def ladder() -> tuple[Isa, ...]:
+    """The ISAs this machine can run, lowest first (always at least the baseline)."""
+    machine = platform.machine().lower()
+    candidates: tuple[Isa, ...]
+    if machine in ("x86_64", "amd64"):
+        candidates = _X86
+    elif machine in ("aarch64", "arm64"):
+        candidates = _ARM
+    else:
+        return (_X86[0],)
+    flags = _cpu_flags()
+    return tuple(isa for isa in candidates if isa.needs <= flags)
+
+
+def by_name(name: str) -> Isa:
+    for isa in ALL:
+        if isa.name == name:
+            return isa
+    raise ValueError(f"unknown CPU instruction set {name!r}; known: {', '.join(NAMES)}")
+
+
+def requested() -> str | None:
+    """The ISA `PLUGSERVE_CPU_ISA` asks for (None: the best this CPU has)."""
+    value = os.environ.get(ENV_ISA, "").strip().lower()
+    return value or None
+
+
+def check_runnable(name: str) -> Isa:
+    """The ISA called `name`, if this CPU runs it; otherwise a ValueError that says which
+    ones it runs."""
+    isa = by_name(name)
+    runnable = ladder()
+    if isa not in runnable:
+        raise ValueError(
+            f"this CPU cannot run the {name} kernels; it runs: "
+            f"{', '.join(i.name for i in runnable)}"
+        )
+    return isa
+
+
+def has_bf16_dot(name: str) -> bool:
+    """Whether the kernels of ISA `name` multiply bf16 pairs natively (vdpbf16ps)."""
+    return name == "avx512_bf16"
+
+
+@contextlib.contextmanager
+def use_isa(name: str) -> Iterator[None]:
+    """Run the kernels of ISA `name` inside the block (tests force a lower ISA on a CPU that
+    has a higher one); the previous choice is restored after."""
+    from plugserve.kernels import build
+
+    library = build.library()
+    if library is None:
+        raise RuntimeError(f"the CPU kernels are unavailable: {build.unavailable_reason()}")
+    before = library.isa()
+    library.set_isa(name)
+    try:
+        yield
+    finally:
+        library.set_isa(before)
