@@ -62,12 +62,16 @@ def test_failing_spec_algorithm_exits_non_zero(spec_plugins: None, run: Run) -> 
     (("--spec", "none"), "speculative algorithm 'none' is plain decoding"),
     pytest.param(("--spec", "eagle", "--backend", "nope"), "unknown attention backend 'nope'",
                  marks=pytest.mark.integration),
-    ((), "name exactly one plugin: --attention NAME, --cache NAME, --spec NAME or --grammar NAME "
-            "(got none)"),
+    ((), "name exactly one plugin: --attention NAME, --cache NAME, --spec NAME or --grammar "
+         "NAME (got none)"),
+    (("--grammar", "nope"), "unknown grammar backend 'nope'; available:"),
+    (("--grammar", "x", "--spec", "eagle"), "(got --spec eagle, --grammar x)"),
     (("--cache", "radix", "--spec", "eagle"), "(got --cache radix, --spec eagle)"),
     (("--cache", "radix", "--smoke"), "--smoke applies to --attention only"),
     (("--cache", "radix", "--backend", "triton"), "--backend applies to --spec only"),
-    (("--cache", "radix", "--device", "cuda"), "the cache-policy and grammar-backend suites run on the CPU"),
+    (("--cache", "radix", "--device", "cuda"), "the cache-policy and grammar-backend suites run "
+                                               "on the CPU"),
+    (("--grammar", "x", "--device", "cuda"), "the cache-policy and grammar-backend suites"),
 ])
 def test_bad_options_are_one_error_line(run: Run, args: tuple[str, ...], message: str) -> None:
     code, out = run(*args)
