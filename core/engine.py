@@ -116,6 +116,8 @@ class Engine:
             # Compile the CPU kernels now (first start only, with a visible status), never
             # inside a request.
             cpu_kernels.prepare()
+        if self.tp is not None:
+            self.tp.share_memory_for_all_reduce()
         loaded = load_model(cfg.model, dtype=self.dtype, device=self.device,
                             shard=self.tp.shard if self.tp is not None else None)
         self.model = loaded.model

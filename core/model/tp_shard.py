@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from plugserve.kernels.shm_all_reduce import RankMissing, SharedMemoryAllReduce
 from plugserve.model.arch import ModelArchConfig
 
 
@@ -73,6 +74,9 @@ class ModelShard:
     arch: ModelArchConfig  # the whole model's shape
     group: Any = None  # the model process group; None only when size == 1
     comm_s: float = field(default=0.0, compare=False)
+    # The all-reduces through shared memory when every rank is on one machine (set by
+    # TensorParallel at start-up); None: through `group`'s backend.
+    shm: SharedMemoryAllReduce | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         problems = tp_problems(self.arch, self.size)
@@ -139,8 +143,19 @@ class ModelShard:
 
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` over the ranks, in place; returns it."""
-        if self.size > 1:
-            self._run("all-reduce", dist.all_reduce, tensor)
+        if self.size == 1:
+            return tensor
+        if self.shm is not None and self.shm.applies(tensor):
+            t0 = time.perf_counter()
+            try:
+                self.shm.all_reduce_(tensor)
+            except RankMissing as exc:
+                raise CollectiveError(f"tensor-parallel all-reduce on rank {self.rank} failed: "
+                                      f"{exc}") from exc
+            finally:
+                self.comm_s += time.perf_counter() - t0
+            return tensor
+        self._run("all-reduce", dist.all_reduce, tensor)
         return tensor
 
     def gather_last_dim(self, local: torch.Tensor, counts: list[int]) -> torch.Tensor:

@@ -162,6 +162,16 @@ class TensorParallel:
         aborted, a session opened or closed); the followers make it before the next step."""
         self.channel.pending.append(command)
 
+    def share_memory_for_all_reduce(self) -> None:
+        """After the CPU kernels are loaded, on every rank: the model's all-reduces go
+        through shared memory when all ranks are on this machine (`shm_setup`)."""
+        from plugserve.parallel.shm_setup import share_memory
+
+        self.shard.shm = share_memory(
+            self.rank, self.world_size, enabled=self.config.tp_shm_all_reduce,
+            device_type=self.device.type, backend=self.backend,
+            timeout_s=self.config.tp_timeout_s, group=self.check_group)
+
     def wait_for_all_built(self, memory: RankMemory) -> None:
         """Every rank has its shard and its KV memory (however long loading took): from here
         on the ranks step together and a late one is a hung one. The ranks exchange what
@@ -184,6 +194,7 @@ class TensorParallel:
         spent in the model's collectives (all-reduces, gathers, broadcasts: the waits for the
         other ranks included)."""
         return {"rank": self.rank, "world_size": self.world_size, "backend": self.backend,
+                "all_reduce": "shared memory" if self.shard.shm is not None else self.backend,
                 "collectives_s": self.shard.comm_s,
                 "memory_per_rank": [dataclasses.asdict(m) for m in self.memory_per_rank]}
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from plugserve.engine import Engine
+from plugserve.kernels import shm_all_reduce
 from plugserve.parallel.runtime import RankMemory
 from plugserve.sampling import SamplingParams
 from plugserve.testing import EngineTest
@@ -73,6 +74,8 @@ CASES = [
     ("qwen3_swa-page1-overlap-radix", "qwen3_swa", "windows", {"page_size": 1, "overlap": True},
      False),
     ("mistral-page1-overlap", "mistral", "windows", {"page_size": 1, "overlap": True}, False),
+    ("llama-page1-gloo-all-reduce", "llama", "windows",
+     {"page_size": 1, "tp_shm_all_reduce": False}, False),
     ("gemma3-page16-chunk16-sessions", "gemma3", "windows",
      {"page_size": 16, "chunked_prefill_size": 16, "cache": "streaming_session"}, True),
 ]
@@ -99,6 +102,9 @@ class TestTensorParallelGreedy(EngineTest):
         with self.engine(model=str(model_dir), tp_size=2, **overrides) as engine:
             assert engine.tp is not None and engine.tp.world_size == 2
             assert engine.backend.ctx.num_heads == engine.arch.num_attention_heads // 2
+            shared = overrides.get("tp_shm_all_reduce", True) and shm_all_reduce.available()
+            assert engine.stats()["tensor_parallel"]["all_reduce"] == (
+                "shared memory" if shared else "gloo")
             per_rank = engine.stats()["tensor_parallel"]["memory_per_rank"]
             assert len(per_rank) == 2
             for held in per_rank:  # each rank holds about half the weights and KV heads
