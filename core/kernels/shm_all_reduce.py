@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -97,28 +98,47 @@ class SharedMemoryAllReduce:
     def applies(self, tensor: torch.Tensor) -> bool:
         return tensor.is_cpu and tensor.dtype in _DTYPES and tensor.is_contiguous()
 
+    def gathers(self, local: torch.Tensor) -> bool:
+        return local.is_cpu and local.dtype in _DTYPES and local.ndim == 2
+
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` over the ranks in place (every rank calls with the same shape)."""
         flat = tensor.view(-1)
         per_call = self.slot_bytes // tensor.element_size()
-        ops = build.ops()
+        op = build.ops().shm_all_reduce_
         for start in range(0, max(flat.numel(), 1), per_call):
-            piece = flat[start : start + per_call]
-            self.seq += 1
-            waited_s, resume = 0.0, False
-            while True:
-                wait_s = min(POLL_S, self.timeout_s - waited_s)
-                missing = int(ops.shm_all_reduce_(piece, self.region, self.rank, self.world,
-                                                  self.seq, self.slot_bytes, wait_s, resume))
-                if missing < 0:
-                    break
-                waited_s, resume = waited_s + wait_s, True
-                if self.pids is not None and process_ended(self.pids[missing]):
-                    raise RankMissing(missing, f"its process {self.pids[missing]} ended")
-                if waited_s >= self.timeout_s:
-                    raise RankMissing(missing, f"it did not arrive within {self.timeout_s:g} s "
-                                               "(it hangs)")
+            self._call(op, flat[start : start + per_call])
         return tensor
+
+    def all_gather(self, local: torch.Tensor) -> torch.Tensor:
+        """Every rank's `local` [rows, cols] joined along the last dim in rank order:
+        [rows, world * cols] (every rank calls with the same shape)."""
+        local = local.contiguous()
+        rows, cols = local.shape
+        out = local.new_empty(rows, self.world * cols)
+        rows_per_call = max(1, self.slot_bytes // max(1, cols * local.element_size()))
+        op = build.ops().shm_all_gather
+        for start in range(0, max(rows, 1), rows_per_call):
+            stop = start + rows_per_call
+            self._call(op, out[start:stop], local[start:stop])
+        return out
+
+    def _call(self, op: Any, *tensors: torch.Tensor) -> None:
+        """One call number: publish, then wait (looking at a late rank's process)."""
+        self.seq += 1
+        waited_s, resume = 0.0, False
+        while True:
+            wait_s = min(POLL_S, self.timeout_s - waited_s)
+            missing = int(op(*tensors, self.region, self.rank, self.world, self.seq,
+                             self.slot_bytes, wait_s, resume))
+            if missing < 0:
+                return
+            waited_s, resume = waited_s + wait_s, True
+            if self.pids is not None and process_ended(self.pids[missing]):
+                raise RankMissing(missing, f"its process {self.pids[missing]} ended")
+            if waited_s >= self.timeout_s:
+                raise RankMissing(missing, f"it did not arrive within {self.timeout_s:g} s "
+                                           "(it hangs)")
 
 
 def reference(parts: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -141,20 +141,23 @@ class ModelShard:
         finally:
             self.comm_s += time.perf_counter() - t0
 
+    def _through_shm(self, what: str, fn: Any, tensor: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        try:
+            out: torch.Tensor = fn(tensor)
+            return out
+        except RankMissing as exc:
+            raise CollectiveError(f"tensor-parallel {what} on rank {self.rank} failed: "
+                                  f"{exc}") from exc
+        finally:
+            self.comm_s += time.perf_counter() - t0
+
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` over the ranks, in place; returns it."""
         if self.size == 1:
             return tensor
         if self.shm is not None and self.shm.applies(tensor):
-            t0 = time.perf_counter()
-            try:
-                self.shm.all_reduce_(tensor)
-            except RankMissing as exc:
-                raise CollectiveError(f"tensor-parallel all-reduce on rank {self.rank} failed: "
-                                      f"{exc}") from exc
-            finally:
-                self.comm_s += time.perf_counter() - t0
-            return tensor
+            return self._through_shm("all-reduce", self.shm.all_reduce_, tensor)
         self._run("all-reduce", dist.all_reduce, tensor)
         return tensor
 
@@ -166,6 +169,8 @@ class ModelShard:
         width = max(counts)
         if local.shape[-1] < width:
             local = torch.nn.functional.pad(local, (0, width - local.shape[-1]))
+        if self.shm is not None and self.shm.gathers(local) and counts == [width] * self.size:
+            return self._through_shm("all-gather", self.shm.all_gather, local)
         parts = [torch.empty_like(local) for _ in range(self.size)]
         self._run("all-gather", dist.all_gather, parts, local.contiguous())
         return torch.cat([p[..., :c] for p, c in zip(parts, counts, strict=True)], dim=-1)

@@ -80,6 +80,24 @@ def test_a_tensor_larger_than_a_slot_goes_in_pieces() -> None:
         assert seq == 12_000 // 256 + 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "slot_bytes"), [(1, 64 << 10), (5, 64 << 10), (64, 1024)])
+def test_all_gather_joins_the_last_dim_in_rank_order(dtype: torch.dtype, rows: int,
+                                                     slot_bytes: int) -> None:
+    world, cols = 3, 100  # 64 rows of 400 bytes through 1,024-byte slots: 2 rows a call
+    parts = [torch.randn(rows, cols).to(dtype) for _ in range(world)]
+
+    def body(end: shm.SharedMemoryAllReduce) -> torch.Tensor:
+        first = end.all_gather(parts[end.rank])
+        second = end.all_gather(parts[end.rank] * 2)  # the other phase
+        assert torch.equal(second, torch.cat(parts, dim=-1) * 2)
+        return first
+
+    for out in _ranks(world, slot_bytes, body):
+        assert isinstance(out, torch.Tensor), out
+        assert torch.equal(out, torch.cat(parts, dim=-1))
+
+
 def test_a_rank_that_never_arrives_is_named() -> None:
     path = shm.create_region_file(2, 1024)
     try:
