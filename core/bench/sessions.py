@@ -12,6 +12,13 @@ alternate (so other work on the machine slows both alike):
 - `resend` (`cache=radix`, no session): a turn sends the whole conversation so far (every
   earlier prompt and reply) plus its new tokens; the radix cache finds what it can.
 
+With `background_prompts` B > 0, after each round (while the users read the replies) both
+engines also serve B one-shot requests of `background_len` fresh random tokens (one output
+token each): other users' traffic, not timed. With a KV pool (`--kv-pool-tokens`) that holds
+the conversations but not also everything the traffic leaves behind, the radix cache evicts
+the least recently used first, which is now the histories, so re-sending recomputes them; a
+session holds its history whatever the traffic does.
+
 Per turn (mean over the S conversations): latency (submit to last token), TTFT, prompt tokens
 and prefill tokens computed (the engine's `prefill_tokens` over the round / S). Reported: the
 mean latency of the first and of the last `HEAD_TURNS` turns and their ratio. Targets
@@ -22,6 +29,7 @@ its new tokens and at most the previous reply's last token; a lower tail latency
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import sys
 import time
@@ -52,6 +60,7 @@ RUNS = {"sessions": "streaming_session", "resend": "radix"}  # run label -> cach
 ENGINE_FIELDS_SET = ("cache",)
 HEAD_TURNS = 10  # turns averaged at the head and at the tail
 RATIO_TARGET = 1.10  # tail / head mean turn latency, with sessions
+TTFT_TARGET = 0.5  # late-turn TTFT with sessions / with re-sending
 
 
 @dataclass(frozen=True)
@@ -61,11 +70,16 @@ class SessionsOptions:
     turn_input_len: int = 32
     turn_output_len: int = 32
     seed: int = 0
+    background_prompts: int = 0  # one-shot requests of other users, per round
+    background_len: int = 512  # tokens of each
 
     def __post_init__(self) -> None:
-        for name in ("sessions", "turns", "turn_input_len", "turn_output_len"):
+        for name in ("sessions", "turns", "turn_input_len", "turn_output_len",
+                     "background_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.background_prompts < 0:
+            raise ValueError(f"background_prompts must be >= 0, got {self.background_prompts}")
 
     @property
     def conversation_len(self) -> int:
@@ -79,8 +93,16 @@ def make_turns(options: SessionsOptions) -> list[list[list[int]]]:
              for _ in range(options.turns)] for _ in range(options.sessions)]
 
 
+def make_background(options: SessionsOptions, turn: int) -> list[list[int]]:
+    """Round `turn`'s one-shot prompts: fresh random ids, the same for both engines."""
+    rng = random.Random(f"{options.seed}/background/{turn}")
+    return [[rng.randint(0, TOKEN_ID_MAX) for _ in range(options.background_len)]
+            for _ in range(options.background_prompts)]
+
+
 def engine_configs(base: EngineConfig, options: SessionsOptions) -> dict[str, EngineConfig]:
-    rows = max(base.max_running_requests, options.sessions)  # one turn of each at once
+    # one turn of each conversation (or the round's background) at once
+    rows = max(base.max_running_requests, options.sessions, options.background_prompts)
     # Both engines run at once: a KV pool for the conversations, not the default budget.
     pool = base.kv_pool_tokens or options.sessions * (options.conversation_len + 64) + 1024
     return {label: derive(base, cache=cache, max_running_requests=rows, kv_pool_tokens=pool)
@@ -96,6 +118,8 @@ def run(runner: Runner, options: SessionsOptions, comparison: Comparison | None)
         "name": NAME, "sessions": options.sessions, "turns": options.turns,
         "turn_input_len": options.turn_input_len, "turn_output_len": options.turn_output_len,
         "seed": options.seed, "conversation_len": options.conversation_len,
+        "background_prompts": options.background_prompts,
+        "background_len": options.background_len,
         "output_tokens": options.sessions * options.turns * options.turn_output_len,
     })
     warmup = [TOKEN_ID_MAX - i for i in range(16)]
@@ -113,7 +137,10 @@ def run(runner: Runner, options: SessionsOptions, comparison: Comparison | None)
                 Conversations(engine, label, warm, 4).run_all()
             engine.kv.cache.reset()  # idle, no session open: start from an empty cache
             folded = [[[t % vocab for t in turn] for turn in conv] for conv in turns]
-            convs.append(Conversations(engine, label, folded, options.turn_output_len))
+            background = [[[t % vocab for t in p] for p in make_background(options, t)]
+                          for t in range(options.turns)]
+            convs.append(Conversations(engine, label, folded, options.turn_output_len,
+                                       background))
         # Both engines are up; their rounds alternate (and which goes first), so a machine
         # busy with other work slows both alike.
         for t in range(options.turns):
@@ -134,10 +161,11 @@ class Conversations:
     with sessions, a turn sends its new tokens; without, the whole history and them."""
 
     def __init__(self, engine: Engine, label: str, turns: list[list[list[int]]],
-                 output_len: int) -> None:
+                 output_len: int, background: list[list[list[int]]] | None = None) -> None:
         from plugserve.sampling import SamplingParams
 
         self.engine, self.label, self.turns = engine, label, turns
+        self.background = background or [[] for _ in turns[0]]  # [turn][prompt]
         self.use_sessions = label == "sessions"
         self.sampling = SamplingParams(max_new_tokens=output_len, ignore_eos=True)
         n = len(turns)
@@ -171,6 +199,10 @@ class Conversations:
         per_turn["cached_tokens"].append(_mean([r.cached_tokens for r in reqs]))
         self.history = [list(r.all_ids) for r in reqs]
         self.reqs += reqs
+        if self.background[t]:  # other users, while these read the replies (not timed)
+            others = self.background[t]
+            run_round(engine, f"{where} background", others, [None] * len(others),
+                      dataclasses.replace(self.sampling, max_new_tokens=1))
 
     def run_all(self) -> None:
         for t in range(len(self.turns[0])):
@@ -235,7 +267,13 @@ def summarize(runs: list[dict[str, Any]], options: SessionsOptions) -> dict[str,
     computed = with_s["per_turn"]["prefill_tokens_computed"]
     ratio = with_s["tail_over_head"]
     tails = (with_s["tail_latency_s"], resend["tail_latency_s"])
+    late = min(HEAD_TURNS, options.turns)
+    late_ttft = {r["name"]: mean(r["per_turn"]["ttft_s"][-late:]) for r in runs}
+    ttft_ratio = (late_ttft["sessions"] / late_ttft["resend"]
+                  if late_ttft["resend"] else None)
     return {
+        "late_ttft_s": late_ttft,
+        "late_ttft_sessions_over_resend": ttft_ratio,
         "head_turns": min(HEAD_TURNS, options.turns),
         "tail_over_head": {r["name"]: r["tail_over_head"] for r in runs},
         "cpu_tail_over_head": {r["name"]: r["cpu_tail_over_head"] for r in runs},
@@ -247,6 +285,7 @@ def summarize(runs: list[dict[str, Any]], options: SessionsOptions) -> dict[str,
             "computed_eq_new_tokens_plus_1": computed[0] == new
             and all(new <= c <= new + 1 for c in computed[1:]),
             "tail_lower_than_resend": tails[0] < tails[1],
+            "late_ttft_le_half_resend": ttft_ratio is not None and ttft_ratio <= TTFT_TARGET,
         },
     }
 
@@ -290,3 +329,9 @@ def print_tables(report: dict[str, Any], console: Any = None) -> None:
         f"{flag[t['tail_lower_than_resend']]} "
         f"(resend / sessions {s['resend_tail_over_sessions_tail'] or 0:.2f}x); same tokens "
         f"with and without sessions: {flag[bool(s.get('same_outputs'))]}", highlight=False)
+    ttft = s["late_ttft_s"]
+    console.print(
+        f"late-turn TTFT (last {s['head_turns']} turns): sessions "
+        f"{ttft['sessions'] * 1000:,.1f} ms, resend {ttft['resend'] * 1000:,.1f} ms = "
+        f"{s['late_ttft_sessions_over_resend'] or 0:.2f}x (target <= {TTFT_TARGET:.1f}x: "
+        f"{flag[t['late_ttft_le_half_resend']]})", highlight=False)

@@ -133,6 +133,13 @@ def bench_command(
     turn_output_len: Annotated[
         int | None, typer.Option(help="sessions: output tokens per turn (default 32).")
     ] = None,
+    background_prompts: Annotated[
+        int | None,
+        typer.Option(help="sessions: one-shot requests of other users per round (default 0)."),
+    ] = None,
+    background_len: Annotated[
+        int | None, typer.Option(help="sessions: tokens of each background request (default 512).")
+    ] = None,
     base_url: Annotated[
         str | None, typer.Option(help="serving: the server, e.g. http://127.0.0.1:8000.")
     ] = None,
@@ -237,6 +244,7 @@ def bench_command(
                 "prefix_len": prefix_len, "question_len": question_len,
                 "spec_prompts": spec_prompts, "sessions": sessions, "turns": turns,
                 "turn_input_len": turn_input_len, "turn_output_len": turn_output_len,
+                "background_prompts": background_prompts, "background_len": background_len,
                 "structured": structured,
             }
             serving_values.update(num_seqs=num_seqs, output_len=output_len, seed=seed)
@@ -279,6 +287,8 @@ def bench_command(
             "turns": turns,
             "turn_input_len": turn_input_len,
             "turn_output_len": turn_output_len,
+            "background_prompts": background_prompts,
+            "background_len": background_len,
             **serving_values,
         }
         refuse_foreign_options(chosen.name, chosen.engine_fields_set, engine_values,

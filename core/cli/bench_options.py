@@ -18,7 +18,8 @@ WORKLOAD_OPTIONS: dict[str, tuple[str, ...]] = {
         "groups", "prompts_per_group", "prefix_len", "question_len", "output_len", "seed",
     ),
     "spec": ("spec_prompts", "output_len"),
-    "sessions": ("sessions", "turns", "turn_input_len", "turn_output_len", "seed"),
+    "sessions": ("sessions", "turns", "turn_input_len", "turn_output_len", "seed",
+                 "background_prompts", "background_len"),
     "long-context": ("num_seqs", "output_len", "seed"),
 }
 

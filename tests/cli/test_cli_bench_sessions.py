@@ -61,13 +61,41 @@ def test_report(cli: Callable[..., Any], tiny_model_dir: Path, tmp_path: Path,
     summary = report["summary"]
     assert summary["head_turns"] == TURNS
     assert set(summary["targets"]) == {"tail_over_head_le_1.1", "computed_eq_new_tokens_plus_1",
-                                       "tail_lower_than_resend"}
+                                       "tail_lower_than_resend", "late_ttft_le_half_resend"}
+    assert summary["late_ttft_sessions_over_resend"] == pytest.approx(
+        summary["late_ttft_s"]["sessions"] / summary["late_ttft_s"]["resend"])
     assert summary["targets"]["computed_eq_new_tokens_plus_1"] is True
     assert summary["same_outputs"] is True  # greedy: sessions change no token
     assert plot.read_bytes().startswith(PNG_MAGIC)
     print_tables(report)
     out = capsys.readouterr().out
     assert "per turn (mean over sessions" in out and "targets: sessions tail / head" in out
+    assert "late-turn TTFT (last 3 turns)" in out
+
+
+def test_background_traffic_evicts_resent_histories_not_sessions(
+        cli: Callable[..., Any], tiny_model_dir: Path) -> None:
+    """Other users' one-shot requests between rounds, in a pool that cannot keep both: with
+    sessions every later turn still computes only its new tokens (+1), while re-sending finds
+    less of its history cached than it sent before the latest reply."""
+    turns, background, length = 4, 3, 40
+    run = cli("bench", "sessions", "--model", str(tiny_model_dir), "--sessions", str(SESSIONS),
+              "--turns", str(turns), "--turn-input-len", str(NEW), "--turn-output-len", str(OUT),
+              "--background-prompts", str(background), "--background-len", str(length),
+              "--kv-pool-tokens", "160", "--mem-check", "1", "--json", env=ENV)
+    assert run.exit_code == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert (report["workload"]["background_prompts"],
+            report["workload"]["background_len"]) == (background, length)
+    runs = {r["name"]: r for r in report["runs"]}
+    assert runs["sessions"]["per_turn"]["prefill_tokens_computed"] == [NEW] + [NEW + 1] * (
+        turns - 1)
+    resend = runs["resend"]["per_turn"]
+    history = [t * (NEW + OUT) for t in range(turns)]  # what earlier turns left
+    assert resend["prompt_tokens"] == [h + NEW for h in history]
+    assert any(cached < h - 1 for cached, h in zip(resend["cached_tokens"][1:], history[1:],
+                                                  strict=True)), resend["cached_tokens"]
+    assert report["summary"]["same_outputs"] is True
 
 
 def test_refusals(cli: Callable[..., Any], tiny_model_dir: Path) -> None:
@@ -77,6 +105,10 @@ def test_refusals(cli: Callable[..., Any], tiny_model_dir: Path) -> None:
         (["sessions", "--num-seqs", "3"], "--num-seqs does not apply to bench sessions"),
         (["sessions", "--cache", "radix"], "bench sessions chooses --cache itself"),
         (["sessions", "--turns", "0"], "invalid benchmark options: turns must be >= 1"),
+        (["sessions", "--background-prompts", "-1"],
+         "invalid benchmark options: background_prompts must be >= 0"),
+        (["throughput", "--background-len", "8"],
+         "--background-len does not apply to bench throughput"),
         (["sessions", "--turns", "1", "--compare", "transformers"],
          "bench sessions has no --compare"),
     ]
