@@ -10,7 +10,8 @@ can run. On x86-64 the ladder is
                   vectorises for SSE2)
     avx2          AVX2 + FMA + F16C (Haswell, Zen 1 and later)
     avx512        AVX-512 F/BW/DQ/VL (Skylake-SP, Zen 4 and later)
-    avx512_bf16   AVX-512 + AVX512-BF16 (bf16 pair dot products: Cooper Lake, Zen 4)
+    avx512_bf16   AVX-512 + AVX512-BF16 (bf16 pair dot products) + AVX512-VNNI (int8 dot
+                  products), which every CPU with AVX512-BF16 has (Cooper Lake, Zen 4)
 
 and on 64-bit Arm `neon` (baseline) and `sve256` (SVE with 256-bit vectors, e.g. Graviton 3).
 `ladder()` lists the ones this machine can run, lowest first; only those are compiled
@@ -65,11 +66,12 @@ _X86 = (
     Isa(
         "avx512_bf16",
         ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
-         "-mavx512bf16"),
+         "-mavx512bf16", "-mavx512vnni"),
         # Its own namespace for ATen's vector types: the copy built with bf16 instructions
         # must not share inline functions with the plain AVX-512 one.
         "AVX512_BF16", ("AVX512",),
-        frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c", "avx512_bf16"}),
+        frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c", "avx512_bf16",
+                   "avx512_vnni"}),
     ),
 )
 _ARM = (

@@ -4,14 +4,42 @@
 quantized weight. `activations="float"` keeps x in its dtype (the result equals x @
 dequantize(w).T up to summation order); `"int8"` rounds x through int8 per 32-block first,
 as llama.cpp does, so integer dot products can be used.
+
+Two compiled paths (`csrc/kernels/quant_linear.cpp`), chosen by the rows of x:
+- up to `MAX_FEW_ROWS` rows (decode): the blocks stream once per call and are decoded in
+  registers and L1; int8 activations multiply with integer dot products (AVX512-VNNI, or
+  AVX-512BW / AVX2 `maddubs`), float activations with the blocks widened to float32;
+- more rows (prefill): a tile of weight rows at a time (`TILE_BYTES` of x's dtype) is
+  dequantized and multiplied by the dense GEMM, so the whole matrix is never dequantized.
+Without the compiled kernels (`PLUGSERVE_CPU_KERNELS=0`, no compiler) the pure-torch
+reference runs.
 """
 
 from __future__ import annotations
 
 import torch
 
+from plugserve.kernels import build
 from plugserve.quant.blocks import QuantBlocks
 from plugserve.quant.reference import Activations, reference_linear
+
+# Rows of x up to which the streaming kernel runs; past it the tiled GEMM is faster
+# (`benchmarks/quant_linear_speed.py --rows` measures the crossing).
+MAX_FEW_ROWS = 8
+# Bytes of dequantized weight per GEMM tile: it stays in L2 while the GEMM reads it.
+TILE_BYTES = 1 << 20
+ACTIVATIONS = ("int8", "float")
+
+
+def available() -> bool:
+    """True when the compiled kernels are built for this CPU (compiling them the first time)."""
+    return build.library() is not None
+
+
+def tile_rows(cols: int, dtype: torch.dtype) -> int:
+    """Weight rows per dequantized tile of the many-row path (a multiple of 16)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return max(16, TILE_BYTES // max(1, cols * itemsize) // 16 * 16)
 
 
 def quant_linear(
@@ -21,4 +49,44 @@ def quant_linear(
     """x [..., w.cols] -> [..., w.rows] in x's dtype."""
     if x.shape[-1] != w.cols:
         raise ValueError(f"input has {x.shape[-1]} features, the weight {w.cols}")
-    return reference_linear(x, w, bias, activations)
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations={activations!r}; allowed: {', '.join(ACTIVATIONS)}")
+    if x.dtype not in (torch.float32, torch.bfloat16) or not x.is_cpu or not available():
+        return reference_linear(x, w, bias, activations)
+    flat = x.reshape(-1, w.cols)
+    ops = build.ops()
+    int8 = activations == "int8"
+    if flat.shape[0] <= MAX_FEW_ROWS:
+        out = ops.quant_linear(flat, w.data, w.qtype.name, bias, int8)
+    else:
+        out = ops.quant_gemm(
+            flat, w.data, w.qtype.name, bias, int8, tile_rows(w.cols, x.dtype)
+        )
+    result: torch.Tensor = out.reshape(*x.shape[:-1], w.rows)
+    return result
+
+
+def few_rows(
+    x: torch.Tensor, w: QuantBlocks, bias: torch.Tensor | None, activations: Activations,
+) -> torch.Tensor:
+    """The streaming kernel for any number of rows of x [rows, cols] (tests, benchmarks)."""
+    out: torch.Tensor = build.ops().quant_linear(
+        x, w.data, w.qtype.name, bias, activations == "int8"
+    )
+    return out
+
+
+def many_rows(
+    x: torch.Tensor, w: QuantBlocks, bias: torch.Tensor | None, activations: Activations,
+) -> torch.Tensor:
+    """The tiled dequantize-and-GEMM path for any number of rows of x [rows, cols]."""
+    out: torch.Tensor = build.ops().quant_gemm(
+        x, w.data, w.qtype.name, bias, activations == "int8", tile_rows(w.cols, x.dtype)
+    )
+    return out
+
+
+def dequantize(w: QuantBlocks, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The [rows, cols] matrix the blocks encode, by the compiled decoder."""
+    out: torch.Tensor = build.ops().quant_dequantize(w.data, w.qtype.name, w.cols, dtype)
+    return out

@@ -75,7 +75,10 @@ bool cpu_runs(const std::string& isa) {
                       __builtin_cpu_supports("avx512dq");
   if (isa == "avx2") return avx2;
   if (isa == "avx512") return avx512;
-  if (isa == "avx512_bf16") return avx512 && __builtin_cpu_supports("avx512bf16");
+  if (isa == "avx512_bf16") {
+    return avx512 && __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx512vnni");
+  }
   return isa == "scalar";
 #else
   return isa == "neon" || isa == "sve256" || isa == "scalar";

@@ -154,6 +154,55 @@ struct StoreRowsArgs {
   float scale;
 };
 
+// The GGML block formats the quantized linear reads as stored (plugserve.quant.types).
+enum class QuantFormat : int32_t { q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k };
+
+// Bytes of one block, and weights per block, of each format (ggml-common.h).
+constexpr int64_t quant_block_bytes(QuantFormat f) {
+  switch (f) {
+    case QuantFormat::q8_0: return 34;
+    case QuantFormat::q4_0: return 18;
+    case QuantFormat::q4_1: return 20;
+    case QuantFormat::q5_0: return 22;
+    case QuantFormat::q5_1: return 24;
+    case QuantFormat::q4_k: return 144;
+    case QuantFormat::q5_k: return 176;
+    case QuantFormat::q6_k: return 210;
+  }
+  return 0;
+}
+constexpr int64_t quant_block_elems(QuantFormat f) {
+  return f == QuantFormat::q4_k || f == QuantFormat::q5_k || f == QuantFormat::q6_k ? 256 : 32;
+}
+
+// out [M, N] = x [M, K] @ dequantize(w).T (+ bias) for a few rows of x: w is N rows of
+// `w_row_bytes` bytes of `format` blocks, one after another (K a multiple of the block size).
+// x and out are `dtype` (f32 or bf16); bias is float32. int8_activations: x is rounded per
+// 32-block to int8 (scale max|x| / 127, stored as fp16) and multiplied with integer dot
+// products; otherwise the blocks are widened to float32 and multiplied with float32 FMAs.
+struct QuantLinearArgs {
+  const void* x;
+  int64_t x_stride;
+  const uint8_t* w;
+  int64_t w_row_bytes;
+  const float* bias;  // nullptr: none
+  void* out;
+  int64_t M, K, N;
+  QuantFormat format;
+  Dtype dtype;
+  bool int8_activations;
+};
+
+// out [rows, K] (`dtype`: f32 or bf16) = the rows of `format` blocks at w dequantized.
+struct QuantDequantizeArgs {
+  const uint8_t* w;
+  int64_t w_row_bytes;
+  void* out;
+  int64_t rows, K;
+  QuantFormat format;
+  Dtype dtype;
+};
+
 // name, return type, parameters: every ISA copy defines each of these.
 #define PLUGSERVE_KERNELS(X)                                   \
   X(void, skinny_linear, (const SkinnyLinearArgs& args))       \
@@ -165,7 +214,9 @@ struct StoreRowsArgs {
   X(void, silu_mul, (const SiluMulArgs& args))                 \
   X(void, rope, (const RopeArgs& args))                        \
   X(void, row_argmax, (const RowArgmaxArgs& args))             \
-  X(void, store_rows, (const StoreRowsArgs& args))
+  X(void, store_rows, (const StoreRowsArgs& args))             \
+  X(void, quant_linear, (const QuantLinearArgs& args))         \
+  X(void, quant_dequantize, (const QuantDequantizeArgs& args))
 
 #define PLUGSERVE_DECLARE_KERNEL(ret, name, params) ret name params;
 

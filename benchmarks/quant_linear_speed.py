@@ -1,0 +1,125 @@
+"""Batch-1 speed of the quantized few-row linear kernel against the dense one.
+
+For each block format and each matrix shape of SmolLM2-135M (576x576, 1536x576, 576x1536,
+49152x576) it times one x[1, cols] @ W.T through `plugserve.kernels.quant_linear.few_rows`
+(int8 and float activations) and through the dense few-row kernel (`skinny_linear`, fp32 and
+bf16 weights), and prints the weight bytes read per second (GB/s) and the time against the
+dense fp32 one. Each timed call reads a different copy of the weight, from a set of copies
+larger than the caches, so every call streams from memory as a decode step does. The
+machine's read bandwidth (`sum()` of a large fp32 tensor) is printed for scale.
+
+    python benchmarks/quant_linear_speed.py [--threads 2] [--formats q4_1,q8_0] [--repeats 5]
+        [--rows 1]
+
+Weights are random valid blocks (speed does not depend on the values); best of --repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from plugserve.kernels import build, skinny_linear
+from plugserve.kernels import quant_linear as ql
+from plugserve.quant.blocks import QuantBlocks
+from plugserve.quant.types import KEPT_TYPES
+
+SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]  # (out, in)
+STREAM_BYTES = 256 * 2**20  # weight copies per measurement: well past the caches
+GB = 1e9
+
+
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def read_bandwidth(repeats: int) -> float:
+    src = torch.ones(STREAM_BYTES // 4, dtype=torch.float32)
+    return src.numel() * 4 / best_seconds(lambda: src.sum(), repeats) / GB
+
+
+def random_blocks(name: str, rows: int, cols: int, rng: np.random.Generator) -> QuantBlocks:
+    """Random bytes with every block's fp16 scale (and min) fields set to small values."""
+    qtype = KEPT_TYPES[name]
+    blocks = rng.integers(0, 256, (rows, cols // qtype.block_elems, qtype.block_bytes),
+                          dtype=np.uint8)
+    small = np.full(blocks.shape[:2], 1e-3, dtype=np.float16).view(np.uint8)
+    fields = [208] if name == "q6_k" else [0, 2] if name in ("q4_1", "q5_1", "q4_k", "q5_k") else [0]
+    for at in fields:
+        blocks[..., at:at + 2] = small.reshape(*blocks.shape[:2], 2)
+    return QuantBlocks(qtype, torch.from_numpy(blocks.reshape(rows, -1)), rows, cols)
+
+
+def stream_gb_s(calls: list[Callable[[], object]], nbytes: int, repeats: int) -> float:
+    """GB/s of running every call once (each reads its own copy of `nbytes`)."""
+    def run() -> None:
+        for call in calls:
+            call()
+
+    return len(calls) * nbytes / best_seconds(run, repeats) / GB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--formats", default=",".join(KEPT_TYPES))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    library = build.library()
+    if library is None:
+        raise SystemExit(f"the CPU kernels are unavailable: {build.unavailable_reason()}")
+    rng = np.random.default_rng(0)
+    bandwidth = read_bandwidth(args.repeats)
+    print(f"CPU kernels: {library.isa()}; {args.threads} threads; x rows {args.rows}; "
+          f"read bandwidth {bandwidth:.1f} GB/s (sum of {STREAM_BYTES >> 20} MiB fp32)")
+    header = f"{'weights':<10}{'shape':>12}{'MB':>8}{'GB/s':>8}{'% bw':>7}{'us':>9}{'x fp32':>8}"
+    with torch.inference_mode():
+        for out_f, in_f in SHAPES:
+            print(f"\n{out_f}x{in_f}\n{header}")
+            x32 = torch.randn(args.rows, in_f)
+            dense: dict[str, torch.Tensor] = {}
+            fp32_us = 0.0
+            for dtype in (torch.float32, torch.bfloat16):
+                w = (torch.randn(out_f, in_f) * in_f**-0.5).to(dtype)
+                nbytes = w.numel() * w.element_size()
+                copies = [w.clone() for _ in range(max(1, STREAM_BYTES // nbytes))]
+                x = x32.to(dtype)
+                dense[str(dtype)] = w
+                gbs = stream_gb_s(
+                    [lambda c=c, x=x: skinny_linear.skinny_linear(x, c, None) for c in copies],
+                    nbytes, args.repeats)
+                us = nbytes / gbs / 1e3
+                fp32_us = fp32_us or us
+                label = f"dense {str(dtype).removeprefix('torch.').replace('float32', 'fp32')}"
+                print(f"{label:<10}{'':>12}{nbytes / 1e6:8.2f}{gbs:8.1f}"
+                      f"{100 * gbs / bandwidth:6.0f}%{us:9.1f}{fp32_us / us:8.2f}")
+                del copies
+            for name in args.formats.split(","):
+                w = random_blocks(name, out_f, in_f, rng)
+                nbytes = w.nbytes
+                copies = [QuantBlocks(w.qtype, w.data.clone(), w.rows, w.cols)
+                          for _ in range(max(1, STREAM_BYTES // nbytes))]
+                for acts in ("int8", "float"):
+                    gbs = stream_gb_s(
+                        [lambda c=c, a=acts, x=x32: ql.few_rows(x, c, None, a) for c in copies],
+                        nbytes, args.repeats)
+                    us = nbytes / gbs / 1e3
+                    print(f"{name:<10}{acts:>12}{nbytes / 1e6:8.2f}{gbs:8.1f}"
+                          f"{100 * gbs / bandwidth:6.0f}%{us:9.1f}{fp32_us / us:8.2f}")
+                del copies
+
+
+if __name__ == "__main__":
+    main()

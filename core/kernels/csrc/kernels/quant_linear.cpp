@@ -1,0 +1,305 @@
+// y = x @ dequantize(w).T (+ bias) for a few rows of x with w kept in its GGML blocks: the
+// decode step's linears over a quantized model, and the tile dequantization of the many-row
+// path (ops/quant_linear.cpp runs the dense GEMM over the tiles).
+//
+// Each thread streams its contiguous share of weight rows once (prefetching ahead into L2, as
+// skinny_linear.cpp does), decodes each chunk of 256 weights into int8 quants with per-16
+// scales and per-32 constants (quant_blocks.h) while it sits in L1, and multiplies it by every
+// row of x:
+// - int8 activations (llama.cpp's scheme): x is rounded per 32-block to int8 once per call
+//   (scale max|x| / 127, kept as fp16); the products are integer dot products, 4 weights per
+//   int32 lane (AVX512-VNNI vpdpbusd, else vpmaddubsw + vpmaddwd on AVX-512 and AVX2 with the
+//   sign trick: |w| times x with w's sign), scaled per lane by the weight's and x's scales in
+//   float32; the per-32 constants (Q4_1, Q5_1, Q4_K, Q5_K mins) multiply the x block's sum.
+// - float activations: the chunk is widened to float32 (q * scale + constant) and multiplied
+//   in float32 FMAs.
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+#include "../vec/pvec.h"
+#include "quant_blocks.h"
+
+PLUGSERVE_ISA_BEGIN
+namespace {
+
+using namespace vec;
+using quant::Chunk;
+using quant::kBlock;
+using quant::kChunk;
+
+constexpr int64_t kMaxRows = 16;        // rows of x per pass over the weight
+constexpr int64_t kLane = 4;            // weights per int32 lane of an integer dot product
+constexpr int64_t kPrefetchBytes = 8192;  // see skinny_linear.cpp
+
+// x rounded through int8 per 32-block: quants, the fp16-rounded scale of each 4-weight lane
+// (the scale of its block, repeated) and each block's scale times its quants' sum.
+struct Int8Rows {
+  std::vector<int8_t> q;
+  std::vector<float> lane_scale;  // [M, K / 4]
+  std::vector<float> block_sum;   // [M, K / 32]
+};
+
+template <typename T>
+Int8Rows quantize_rows(const T* x, int64_t x_stride, int64_t M, int64_t K) {
+  Int8Rows r;
+  r.q.resize(M * K);
+  r.lane_scale.resize(M * K / kLane);
+  r.block_sum.resize(M * K / kBlock);
+  for (int64_t m = 0; m < M; ++m) {
+    const T* row = x + m * x_stride;
+    for (int64_t b = 0; b < K / kBlock; ++b) {
+      float v[kBlock];
+      float amax = 0.0f;
+      for (int i = 0; i < kBlock; ++i) {
+        v[i] = to_float(row[b * kBlock + i]);
+        amax = std::max(amax, std::abs(v[i]));
+      }
+      // As reference.quantize_activations_int8: divide by the float32 scale, round half to
+      // even, keep the scale rounded to fp16.
+      const float scale = amax / 127.0f;
+      int8_t* q = r.q.data() + m * K + b * kBlock;
+      int sum = 0;
+      for (int i = 0; i < kBlock; ++i) {
+        const float t = scale > 0.0f ? std::nearbyint(v[i] / scale) : 0.0f;
+        q[i] = static_cast<int8_t>(t);
+        sum += q[i];
+      }
+      const float d = round_to<Half>(scale);
+      for (int64_t l = 0; l < kBlock / kLane; ++l)
+        r.lane_scale[(m * K + b * kBlock) / kLane + l] = d;
+      r.block_sum[m * (K / kBlock) + b] = d * static_cast<float>(sum);
+    }
+  }
+  return r;
+}
+
+// acc (kWidth float lanes) += the integer dot product of n weights q with x's quants xq,
+// each int32 lane (4 weights) scaled by w_lane[l] * x_lane[l]. n is a multiple of 32.
+inline void dot_int8(const int8_t* __restrict q, const int8_t* __restrict xq,
+                     const float* __restrict w_lane, const float* __restrict x_lane, int64_t n,
+                     float* __restrict acc) {
+#if defined(CPU_CAPABILITY_AVX512)
+  __m512 a = _mm512_loadu_ps(acc);
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t k = 0; k < n; k += 64) {
+    const bool whole = n - k >= 64;
+    const __mmask64 bytes = whole ? ~__mmask64{0} : __mmask64{0xFFFFFFFFu};
+    const __mmask16 lanes = whole ? __mmask16(0xFFFF) : __mmask16(0x00FF);
+    const __m512i w = _mm512_maskz_loadu_epi8(bytes, q + k);
+    const __m512i xv = _mm512_maskz_loadu_epi8(bytes, xq + k);
+    const __m512i aw = _mm512_abs_epi8(w);
+    const __m512i sx = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(w), zero, xv);
+#if defined(__AVX512VNNI__)
+    const __m512i dot = _mm512_dpbusd_epi32(zero, aw, sx);
+#else
+    const __m512i dot = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), _mm512_set1_epi16(1));
+#endif
+    const __m512 scale = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, w_lane + k / kLane),
+                                       _mm512_maskz_loadu_ps(lanes, x_lane + k / kLane));
+    a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, a);
+  }
+  _mm512_storeu_ps(acc, a);
+#elif defined(CPU_CAPABILITY_AVX2)
+  __m256 a = _mm256_loadu_ps(acc);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t k = 0; k < n; k += 32) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k));
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k));
+    const __m256i dot = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w)), ones);
+    const __m256 scale =
+        _mm256_mul_ps(_mm256_loadu_ps(w_lane + k / kLane), _mm256_loadu_ps(x_lane + k / kLane));
+    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, a);
+  }
+  _mm256_storeu_ps(acc, a);
+#else
+  for (int64_t l = 0; l < n / kLane; ++l) {
+    int32_t s = 0;
+    for (int64_t i = 0; i < kLane; ++i) s += int32_t{q[l * kLane + i]} * xq[l * kLane + i];
+    acc[l % kWidth] += static_cast<float>(s) * (w_lane[l] * x_lane[l]);
+  }
+#endif
+}
+
+// acc += x[0..n) * wf[0..n) in float32 (n a multiple of 32).
+inline void dot_float(const float* __restrict x, const float* __restrict wf, int64_t n,
+                      float* __restrict acc) {
+  F a = F::loadu(acc);
+  for (int64_t k = 0; k < n; k += kWidth) a = at::vec::fmadd(F::loadu(x + k), F::loadu(wf + k), a);
+  a.store(acc);
+}
+
+// One thread's rows [n_begin, n_end) of the output, for M <= kMaxRows rows of x.
+template <QuantFormat Fmt, typename TO>
+void rows_int8(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t M,
+               int64_t n_begin, int64_t n_end) {
+  Chunk c;
+  alignas(64) float w_lane[kChunk / kLane];
+  alignas(64) float acc[kMaxRows][kWidth];
+  float mins[kMaxRows];
+  const int64_t K = a.K;
+  const char* stop = reinterpret_cast<const char*>(a.w + n_end * a.w_row_bytes);
+  TO* out = static_cast<TO*>(a.out);
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const uint8_t* row = a.w + n * a.w_row_bytes;
+    for (int64_t m = 0; m < M; ++m) {
+      std::fill_n(acc[m], kWidth, 0.0f);
+      mins[m] = 0.0f;
+    }
+    for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+      const int64_t len = std::min(kChunk, K - k0);
+      const uint8_t* bytes = row + k0 / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
+      const int64_t nbytes = len / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
+      for (int64_t off = 0; off < nbytes; off += 64) {
+        const char* ahead = reinterpret_cast<const char*>(bytes + off) + kPrefetchBytes;
+        if (ahead < stop) prefetch_l2(ahead);
+      }
+      quant::decode_chunk<Fmt>(row, k0, len, c);
+      for (int64_t l = 0; l < len / kLane; ++l) w_lane[l] = c.g16[l / 4];
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t xm = (m0 + m) * K + k0;
+        dot_int8(c.q, xr.q.data() + xm, w_lane, xr.lane_scale.data() + xm / kLane, len,
+                 acc[m]);
+        if constexpr (quant::has_min(Fmt)) {
+          const float* sums = xr.block_sum.data() + xm / kBlock;
+          for (int64_t b = 0; b < len / kBlock; ++b) mins[m] += c.min32[b] * sums[b];
+        }
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      float y = mins[m] + (a.bias != nullptr ? a.bias[n] : 0.0f);
+      for (int64_t i = 0; i < kWidth; ++i) y += acc[m][i];
+      out[(m0 + m) * a.N + n] = from_float<TO>(y);
+    }
+  }
+}
+
+template <QuantFormat Fmt, typename TO>
+void rows_float(const QuantLinearArgs& a, const float* x32, int64_t m0, int64_t M,
+                int64_t n_begin, int64_t n_end) {
+  Chunk c;
+  alignas(64) float wf[kChunk];
+  alignas(64) float acc[kMaxRows][kWidth];
+  const int64_t K = a.K;
+  const char* stop = reinterpret_cast<const char*>(a.w + n_end * a.w_row_bytes);
+  TO* out = static_cast<TO*>(a.out);
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const uint8_t* row = a.w + n * a.w_row_bytes;
+    for (int64_t m = 0; m < M; ++m) std::fill_n(acc[m], kWidth, 0.0f);
+    for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+      const int64_t len = std::min(kChunk, K - k0);
+      const uint8_t* bytes = row + k0 / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
+      const int64_t nbytes = len / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
+      for (int64_t off = 0; off < nbytes; off += 64) {
+        const char* ahead = reinterpret_cast<const char*>(bytes + off) + kPrefetchBytes;
+        if (ahead < stop) prefetch_l2(ahead);
+      }
+      quant::decode_chunk<Fmt>(row, k0, len, c);
+#pragma omp simd
+      for (int64_t k = 0; k < len; ++k)
+        wf[k] = static_cast<float>(c.q[k]) * c.g16[k / 16] + c.min32[k / kBlock];
+      for (int64_t m = 0; m < M; ++m) dot_float(x32 + (m0 + m) * K + k0, wf, len, acc[m]);
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      float y = a.bias != nullptr ? a.bias[n] : 0.0f;
+      for (int64_t i = 0; i < kWidth; ++i) y += acc[m][i];
+      out[(m0 + m) * a.N + n] = from_float<TO>(y);
+    }
+  }
+}
+
+template <typename T>
+std::vector<float> widen(const T* x, int64_t x_stride, int64_t M, int64_t K) {
+  std::vector<float> out(M * K);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) out[m * K + k] = to_float(x[m * x_stride + k]);
+  return out;
+}
+
+template <QuantFormat Fmt, typename T>
+void quant_linear_typed(const QuantLinearArgs& a) {
+  const T* x = static_cast<const T*>(a.x);
+  // Rows of the weight per task: a few KiB of blocks, so two threads split even a small
+  // matrix but each still streams a long contiguous run.
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(a.w_row_bytes, 1));
+  if (a.int8_activations) {
+    const Int8Rows xr = quantize_rows(x, a.x_stride, a.M, a.K);
+    for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
+      const int64_t M = std::min(kMaxRows, a.M - m0);
+      at::parallel_for(0, a.N, grain, [&](int64_t begin, int64_t end) {
+        rows_int8<Fmt, T>(a, xr, m0, M, begin, end);
+      });
+    }
+  } else {
+    std::vector<float> widened;
+    const float* x32;
+    if constexpr (std::is_same_v<T, float>) {
+      if (a.x_stride == a.K) {
+        x32 = x;
+      } else {
+        widened = widen(x, a.x_stride, a.M, a.K);
+        x32 = widened.data();
+      }
+    } else {
+      widened = widen(x, a.x_stride, a.M, a.K);
+      x32 = widened.data();
+    }
+    for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
+      const int64_t M = std::min(kMaxRows, a.M - m0);
+      at::parallel_for(0, a.N, grain, [&](int64_t begin, int64_t end) {
+        rows_float<Fmt, T>(a, x32, m0, M, begin, end);
+      });
+    }
+  }
+}
+
+template <QuantFormat Fmt, typename TO>
+void dequantize_rows(const QuantDequantizeArgs& a) {
+  TO* out = static_cast<TO*>(a.out);
+  at::parallel_for(0, a.rows, 1, [&](int64_t begin, int64_t end) {
+    Chunk c;
+    for (int64_t r = begin; r < end; ++r) {
+      const uint8_t* row = a.w + r * a.w_row_bytes;
+      TO* dst = out + r * a.K;
+      for (int64_t k0 = 0; k0 < a.K; k0 += kChunk) {
+        const int64_t len = std::min(kChunk, a.K - k0);
+        quant::decode_chunk<Fmt>(row, k0, len, c);
+#pragma omp simd
+        for (int64_t k = 0; k < len; ++k)
+          dst[k0 + k] = from_float<TO>(static_cast<float>(c.q[k]) * c.g16[k / 16] +
+                                       c.min32[k / kBlock]);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void quant_linear(const QuantLinearArgs& a) {
+  TORCH_CHECK(a.K % kBlock == 0, "quant_linear: ", a.K, " columns is not a multiple of 32");
+  quant::with_format(a.format, [&](auto fmt) {
+    constexpr QuantFormat Fmt = decltype(fmt)::value;
+    if (a.dtype == Dtype::f32) {
+      quant_linear_typed<Fmt, float>(a);
+    } else {
+      TORCH_CHECK(a.dtype == Dtype::bf16, "quant_linear: float32 or bfloat16 activations only");
+      quant_linear_typed<Fmt, BF16>(a);
+    }
+  });
+}
+
+void quant_dequantize(const QuantDequantizeArgs& a) {
+  quant::with_format(a.format, [&](auto fmt) {
+    constexpr QuantFormat Fmt = decltype(fmt)::value;
+    if (a.dtype == Dtype::f32) {
+      dequantize_rows<Fmt, float>(a);
+    } else {
+      TORCH_CHECK(a.dtype == Dtype::bf16, "quant_dequantize: float32 or bfloat16 output only");
+      dequantize_rows<Fmt, BF16>(a);
+    }
+  });
+}
+
+PLUGSERVE_ISA_END

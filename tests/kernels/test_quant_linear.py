@@ -1,0 +1,169 @@
+"""The compiled quantized linear (few-row streaming kernel, tiled many-row GEMM, block decoder)
+against the gguf-based reference, for every kept block format, on every ISA copy this CPU
+runs (AVX2 and scalar included on an AVX-512 machine)."""
+
+from __future__ import annotations
+
+import functools
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from plugserve.kernels import quant_linear as ql
+from plugserve.quant.blocks import QuantBlocks
+from plugserve.quant.reference import (
+    Activations,
+    dequantize,
+    quantize_activations_int8,
+    reference_linear,
+)
+from plugserve.quant.types import KEPT_TYPES
+
+pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
+
+SMALL = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # 32-weight blocks gguf can quantize
+K_QUANTS = ("q4_k", "q5_k", "q6_k")  # 256-weight superblocks
+FORMATS = SMALL + K_QUANTS
+EPS32 = float(torch.finfo(torch.float32).eps)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel() -> None:
+    if not ql.available():
+        pytest.skip("the CPU kernels are unavailable")
+
+
+def _fp16_bytes(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).view(np.uint8).reshape(*values.shape, 2)
+
+
+@functools.cache
+def weight(name: str, rows: int, cols: int, seed: int = 0) -> QuantBlocks:
+    """Random valid blocks: quantized random weights for the 32-block formats; for the
+    K-quants random bytes with the fp16 d (and dmin) fields set to small finite values."""
+    qtype = KEPT_TYPES[name]
+    rng = np.random.default_rng(seed + rows * 7919 + cols)
+    if name in SMALL:
+        data = gguf.quants.quantize(rng.standard_normal((rows, cols), dtype=np.float32),
+                                    qtype.ggml)
+    else:
+        blocks = rng.integers(0, 256, (rows, cols // 256, qtype.block_bytes), dtype=np.uint8)
+        d = _fp16_bytes(rng.uniform(1e-3, 1e-2, (rows, cols // 256)))
+        if name == "q6_k":
+            blocks[..., 208:210] = d
+        else:
+            blocks[..., 0:2] = d
+            blocks[..., 2:4] = _fp16_bytes(rng.uniform(1e-3, 1e-2, (rows, cols // 256)))
+        data = blocks.reshape(rows, -1)
+    return QuantBlocks(qtype, torch.from_numpy(np.ascontiguousarray(data)), rows, cols)
+
+
+def _inputs(rows: int, cols: int, out: int, dtype: torch.dtype, bias: bool,
+            seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=gen).to(dtype)
+    b = torch.randn(out, generator=gen) if bias else None
+    return x, b
+
+
+def _check(out: torch.Tensor, x: torch.Tensor, w: QuantBlocks, b: torch.Tensor | None,
+           activations: Activations, operands_rounded_to_x: bool = False) -> None:
+    """out against the float64 product of the reference's operands: within float32
+    summation error of sum |x w|, plus one rounding to x's dtype when that is bf16 (and, for
+    the many-row bf16 GEMM, bf16 operands: 2^-8 of sum |x w|)."""
+    xr = (quantize_activations_int8(x) if activations == "int8" else x.float()).double()
+    wd = dequantize(w).double()
+    exact = xr @ wd.T + (0 if b is None else b.double())
+    magnitude = xr.abs() @ wd.abs().T + (0 if b is None else b.double().abs())
+    assert out.dtype == x.dtype and out.shape == exact.shape
+    bound = 8 * EPS32 * w.cols**0.5 * magnitude + 1e-30
+    if x.dtype == torch.bfloat16:
+        bound = bound + exact.abs() * 2.0**-8
+        if operands_rounded_to_x:
+            bound = bound + magnitude * 2.0**-8
+    err = (out.double() - exact).abs()
+    worst = float((err / bound).max())
+    assert worst <= 1.0, f"error {worst:.3g}x the bound"
+    # and the reference function itself agrees with the same bound
+    ref = reference_linear(x, w, b, activations).double()
+    assert float(((ref - exact).abs() / (bound + exact.abs() * 2.0**-8)).max()) <= 1.0
+
+
+def _cols(name: str) -> list[int]:
+    return [256, 768] if name in K_QUANTS else [32, 96, 576]
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_decoder_matches_gguf_dequantize(name: str) -> None:
+    for cols in _cols(name):
+        w = weight(name, 13, cols)
+        torch.testing.assert_close(ql.dequantize(w), dequantize(w), rtol=2e-7, atol=0)
+        torch.testing.assert_close(ql.dequantize(w, torch.bfloat16),
+                                   dequantize(w).bfloat16(), rtol=2.0**-8, atol=0)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("activations", ["int8", "float"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_few_rows_matches_reference(name: str, activations: Activations,
+                                    dtype: torch.dtype) -> None:
+    # x rows: one, odd, the default limit, past a 16-row pass; weight rows: one, odd, more
+    # than a thread's grain; columns: one block, a partial 256-chunk, SmolLM2's width.
+    for rows, out, bias in [(1, 1, False), (3, 37, True), (8, 7, False), (17, 300, True)]:
+        for cols in _cols(name):
+            w = weight(name, out, cols)
+            x, b = _inputs(rows, cols, out, dtype, bias, seed=rows + cols)
+            _check(ql.few_rows(x, w, b, activations), x, w, b, activations)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("activations", ["int8", "float"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_many_rows_matches_reference(name: str, activations: Activations,
+                                     dtype: torch.dtype) -> None:
+    for rows, out, bias in [(1, 5, True), (9, 37, False), (33, 300, True)]:
+        cols = _cols(name)[-1]
+        w = weight(name, out, cols)
+        x, b = _inputs(rows, cols, out, dtype, bias, seed=rows)
+        _check(ql.many_rows(x, w, b, activations), x, w, b, activations,
+               operands_rounded_to_x=True)
+
+
+def test_many_rows_tiles_the_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tiles of 16 rows over 50 output rows: three whole tiles and a partial one.
+    monkeypatch.setattr(ql, "TILE_BYTES", 16 * 96 * 4)
+    assert ql.tile_rows(96, torch.float32) == 16
+    w = weight("q4_1", 50, 96)
+    x, b = _inputs(12, 96, 50, torch.float32, True, seed=4)
+    _check(ql.many_rows(x, w, b, "float"), x, w, b, "float")
+
+
+@pytest.mark.parametrize("activations", ["int8", "float"])
+def test_entry_chooses_by_rows_and_keeps_leading_dims(activations: Activations) -> None:
+    w = weight("q8_0", 40, 96)
+    for rows in (1, ql.MAX_FEW_ROWS, ql.MAX_FEW_ROWS + 1):
+        x, b = _inputs(rows, 96, 40, torch.float32, True, seed=rows)
+        out = ql.quant_linear(x.reshape(1, rows, 96), w, b, activations)
+        assert out.shape == (1, rows, 40)
+        _check(out.reshape(rows, 40), x, w, b, activations)
+
+
+def test_strided_rows_of_x_are_read_in_place() -> None:
+    w = weight("q4_0", 24, 64)
+    x, b = _inputs(3, 128, 24, torch.float32, False, seed=2)
+    view = x[:, :64]  # rows 128 apart
+    _check(ql.few_rows(view, w, b, "int8"), view.contiguous(), w, b, "int8")
+
+
+def test_bad_input_is_refused_with_the_reason() -> None:
+    w = weight("q4_0", 4, 64)
+    with pytest.raises(ValueError, match="features"):
+        ql.quant_linear(torch.randn(1, 32), w)
+    with pytest.raises(ValueError, match="activations"):
+        ql.quant_linear(torch.randn(1, 64), w, activations="int4")  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="unknown block format 'q3_k'"):
+        ql.build.ops().quant_linear(torch.randn(1, 64), w.data, "q3_k", None, True)
+    with pytest.raises(RuntimeError, match=r"uint8 \[rows, 36\]"):
+        ql.build.ops().quant_linear(torch.randn(1, 64), w.data[:, :20], "q4_0", None, True)
