@@ -37,12 +37,52 @@ constexpr bool has_min(QuantFormat f) {
          f == QuantFormat::q5_k;
 }
 
+#if defined(__AVX2__)
+// The copies with AVX2 (avx2 and the AVX-512 ones) unpack with 256-bit integer instructions:
+// the compiler turns the plain nibble loops into byte inserts.
+inline __m256i nibbles_16(const uint8_t* p) {  // 16 bytes: low nibbles, then high nibbles
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+// 0x10 in byte i where bit i of the 32-bit word is set (llama.cpp's bytes_from_bits_32).
+inline __m256i bit4_from_bits_32(uint32_t bits) {
+  const __m256i shuffle = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                            0x0101010101010101, 0x0000000000000000);
+  __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuffle);
+  bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1)),
+                          _mm256_set1_epi8(0x10));
+}
+inline void store32(int8_t* q, __m256i v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), v);
+}
+#endif
+
 // One 32-weight block of the small formats into q[0..32), its d into both g16 entries.
 template <QuantFormat F>
 inline void decode_small(const uint8_t* b, int8_t* __restrict q, float* g16, float* min32) {
   const float d = half_at(b);
   g16[0] = g16[1] = d;
   *min32 = 0.0f;
+#if defined(__AVX2__)
+  if constexpr (F != QuantFormat::q8_0) {
+    constexpr bool five = F == QuantFormat::q5_0 || F == QuantFormat::q5_1;
+    constexpr bool with_min = F == QuantFormat::q4_1 || F == QuantFormat::q5_1;
+    constexpr int64_t qs_at = (with_min ? 4 : 2) + (five ? 4 : 0);
+    if constexpr (with_min) *min32 = half_at(b + 2);
+    __m256i v = nibbles_16(b + qs_at);
+    if constexpr (five) {
+      uint32_t qh;
+      std::memcpy(&qh, b + qs_at - 4, 4);
+      v = _mm256_or_si256(v, bit4_from_bits_32(qh));
+    }
+    if constexpr (F == QuantFormat::q4_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    if constexpr (F == QuantFormat::q5_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(16));
+    store32(q, v);
+    return;
+  }
+#endif
   if constexpr (F == QuantFormat::q8_0) {
     std::memcpy(q, b + 2, 32);
   } else if constexpr (F == QuantFormat::q4_0 || F == QuantFormat::q4_1) {
@@ -94,6 +134,22 @@ inline void decode_k(const uint8_t* b, Chunk& c) {
       const uint8_t* l = ql + 64 * half;
       const uint8_t* h = qh + 32 * half;
       int8_t* q = c.q + 128 * half;
+#if defined(__AVX2__)
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(l));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(l + 32));
+      const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h));
+      const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+      const __m256i off = _mm256_set1_epi8(32);
+      auto put = [&](int8_t* dst, __m256i low4, __m256i high2) {
+        store32(dst, _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(low4, m4),
+                                                     _mm256_and_si256(high2, m2)), off));
+      };
+      put(q, l0, _mm256_slli_epi16(hv, 4));
+      put(q + 32, l1, _mm256_slli_epi16(hv, 2));
+      put(q + 64, _mm256_srli_epi16(l0, 4), hv);
+      put(q + 96, _mm256_srli_epi16(l1, 4), _mm256_srli_epi16(hv, 2));
+      continue;
+#endif
       for (int i = 0; i < 32; ++i) {
         q[i] = static_cast<int8_t>(((l[i] & 0x0F) | (((h[i] >> 0) & 3) << 4)) - 32);
         q[i + 32] = static_cast<int8_t>(((l[i + 32] & 0x0F) | (((h[i] >> 2) & 3) << 4)) - 32);
@@ -116,6 +172,25 @@ inline void decode_k(const uint8_t* b, Chunk& c) {
     for (int part = 0; part < 4; ++part) {  // 64 weights: the low then the high nibbles
       const uint8_t* l = qs + 32 * part;
       int8_t* q = c.q + 64 * part;
+#if defined(__AVX2__)
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(l));
+      const __m256i m4 = _mm256_set1_epi8(0x0F);
+      __m256i lo = _mm256_and_si256(v, m4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      if constexpr (F == QuantFormat::q5_k) {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+        const __m256i b0 = _mm256_set1_epi8(static_cast<char>(1 << (2 * part)));
+        const __m256i b1 = _mm256_set1_epi8(static_cast<char>(2 << (2 * part)));
+        const __m256i sixteen = _mm256_set1_epi8(0x10);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(
+            _mm256_cmpeq_epi8(_mm256_and_si256(h, b0), b0), sixteen));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(
+            _mm256_cmpeq_epi8(_mm256_and_si256(h, b1), b1), sixteen));
+      }
+      store32(q, lo);
+      store32(q + 32, hi);
+      continue;
+#endif
       for (int i = 0; i < 32; ++i) {
         int lo = l[i] & 0x0F, hi = l[i] >> 4;
         if constexpr (F == QuantFormat::q5_k) {

@@ -76,9 +76,10 @@ Int8Rows quantize_rows(const T* x, int64_t x_stride, int64_t M, int64_t K) {
 }
 
 // acc (kWidth float lanes) += the integer dot product of n weights q with x's quants xq,
-// each int32 lane (4 weights) scaled by w_lane[l] * x_lane[l]. n is a multiple of 32.
+// each int32 lane (4 weights) scaled by its weights' scale g16[l / 4] times x_lane[l]. n is a
+// multiple of 32.
 inline void dot_int8(const int8_t* __restrict q, const int8_t* __restrict xq,
-                     const float* __restrict w_lane, const float* __restrict x_lane, int64_t n,
+                     const float* __restrict g16, const float* __restrict x_lane, int64_t n,
                      float* __restrict acc) {
 #if defined(CPU_CAPABILITY_AVX512)
   __m512 a = _mm512_loadu_ps(acc);
@@ -87,6 +88,10 @@ inline void dot_int8(const int8_t* __restrict q, const int8_t* __restrict xq,
     const bool whole = n - k >= 64;
     const __mmask64 bytes = whole ? ~__mmask64{0} : __mmask64{0xFFFFFFFFu};
     const __mmask16 lanes = whole ? __mmask16(0xFFFF) : __mmask16(0x00FF);
+    // lanes 4i..4i+3 hold weights 16i..16i+15: scale g16[k / 16 + i]
+    const __m512 w_scale = _mm512_permutexvar_ps(
+        _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+        _mm512_castps128_ps512(_mm_maskz_loadu_ps(whole ? 0xF : 0x3, g16 + k / 16)));
     const __m512i w = _mm512_maskz_loadu_epi8(bytes, q + k);
     const __m512i xv = _mm512_maskz_loadu_epi8(bytes, xq + k);
     const __m512i aw = _mm512_abs_epi8(w);
@@ -96,8 +101,7 @@ inline void dot_int8(const int8_t* __restrict q, const int8_t* __restrict xq,
 #else
     const __m512i dot = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), _mm512_set1_epi16(1));
 #endif
-    const __m512 scale = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, w_lane + k / kLane),
-                                       _mm512_maskz_loadu_ps(lanes, x_lane + k / kLane));
+    const __m512 scale = _mm512_mul_ps(w_scale, _mm512_maskz_loadu_ps(lanes, x_lane + k / kLane));
     a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, a);
   }
   _mm512_storeu_ps(acc, a);
@@ -109,8 +113,10 @@ inline void dot_int8(const int8_t* __restrict q, const int8_t* __restrict xq,
     const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k));
     const __m256i dot = _mm256_madd_epi16(
         _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w)), ones);
-    const __m256 scale =
-        _mm256_mul_ps(_mm256_loadu_ps(w_lane + k / kLane), _mm256_loadu_ps(x_lane + k / kLane));
+    const __m256 w_scale =
+        _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(g16 + k / 16)),
+                             _mm_broadcast_ss(g16 + k / 16 + 1), 1);
+    const __m256 scale = _mm256_mul_ps(w_scale, _mm256_loadu_ps(x_lane + k / kLane));
     a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, a);
   }
   _mm256_storeu_ps(acc, a);
@@ -118,7 +124,7 @@ inline void dot_int8(const int8_t* __restrict q, const int8_t* __restrict xq,
   for (int64_t l = 0; l < n / kLane; ++l) {
     int32_t s = 0;
     for (int64_t i = 0; i < kLane; ++i) s += int32_t{q[l * kLane + i]} * xq[l * kLane + i];
-    acc[l % kWidth] += static_cast<float>(s) * (w_lane[l] * x_lane[l]);
+    acc[l % kWidth] += static_cast<float>(s) * (g16[l / 4] * x_lane[l]);
   }
 #endif
 }
@@ -131,12 +137,21 @@ inline void dot_float(const float* __restrict x, const float* __restrict wf, int
   a.store(acc);
 }
 
+// The chunk's weights as float32: q * (scale of its 16) + (constant of its 32).
+inline void widen_chunk(const Chunk& c, int64_t len, float* __restrict wf) {
+  for (int64_t g = 0; g < len / 16; ++g) {
+    const float scale = c.g16[g], constant = c.min32[g / 2];
+#pragma omp simd
+    for (int64_t i = 0; i < 16; ++i)
+      wf[g * 16 + i] = static_cast<float>(c.q[g * 16 + i]) * scale + constant;
+  }
+}
+
 // One thread's rows [n_begin, n_end) of the output, for M <= kMaxRows rows of x.
 template <QuantFormat Fmt, typename TO>
 void rows_int8(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t M,
                int64_t n_begin, int64_t n_end) {
   Chunk c;
-  alignas(64) float w_lane[kChunk / kLane];
   alignas(64) float acc[kMaxRows][kWidth];
   float mins[kMaxRows];
   const int64_t K = a.K;
@@ -157,11 +172,9 @@ void rows_int8(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t
         if (ahead < stop) prefetch_l2(ahead);
       }
       quant::decode_chunk<Fmt>(row, k0, len, c);
-      for (int64_t l = 0; l < len / kLane; ++l) w_lane[l] = c.g16[l / 4];
       for (int64_t m = 0; m < M; ++m) {
         const int64_t xm = (m0 + m) * K + k0;
-        dot_int8(c.q, xr.q.data() + xm, w_lane, xr.lane_scale.data() + xm / kLane, len,
-                 acc[m]);
+        dot_int8(c.q, xr.q.data() + xm, c.g16, xr.lane_scale.data() + xm / kLane, len, acc[m]);
         if constexpr (quant::has_min(Fmt)) {
           const float* sums = xr.block_sum.data() + xm / kBlock;
           for (int64_t b = 0; b < len / kBlock; ++b) mins[m] += c.min32[b] * sums[b];
@@ -197,9 +210,7 @@ void rows_float(const QuantLinearArgs& a, const float* x32, int64_t m0, int64_t 
         if (ahead < stop) prefetch_l2(ahead);
       }
       quant::decode_chunk<Fmt>(row, k0, len, c);
-#pragma omp simd
-      for (int64_t k = 0; k < len; ++k)
-        wf[k] = static_cast<float>(c.q[k]) * c.g16[k / 16] + c.min32[k / kBlock];
+      widen_chunk(c, len, wf);
       for (int64_t m = 0; m < M; ++m) dot_float(x32 + (m0 + m) * K + k0, wf, len, acc[m]);
     }
     for (int64_t m = 0; m < M; ++m) {
@@ -266,10 +277,10 @@ void dequantize_rows(const QuantDequantizeArgs& a) {
       for (int64_t k0 = 0; k0 < a.K; k0 += kChunk) {
         const int64_t len = std::min(kChunk, a.K - k0);
         quant::decode_chunk<Fmt>(row, k0, len, c);
+        alignas(64) float wf[kChunk];
+        widen_chunk(c, len, wf);
 #pragma omp simd
-        for (int64_t k = 0; k < len; ++k)
-          dst[k0 + k] = from_float<TO>(static_cast<float>(c.q[k]) * c.g16[k / 16] +
-                                       c.min32[k / kBlock]);
+        for (int64_t k = 0; k < len; ++k) dst[k0 + k] = from_float<TO>(wf[k]);
       }
     }
   });
