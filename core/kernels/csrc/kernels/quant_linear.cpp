@@ -88,11 +88,20 @@ inline void dot_int8(const int8_t* __restrict q, const int8_t* __restrict xq,
     const bool whole = n - k >= 64;
     const __mmask64 bytes = whole ? ~__mmask64{0} : __mmask64{0xFFFFFFFFu};
     const __mmask16 lanes = whole ? __mmask16(0xFFFF) : __mmask16(0x00FF);
-    // lanes 4i..4i+3 hold weights 16i..16i+15: scale g16[k / 16 + i]
+    // lanes 4i..4i+3 hold weights 16i..16i+15: scale g16[k / 16 + i]. Read one float at a
+    // time: the decoder has just stored them one at a time, and a 16-byte load of four such
+    // stores waits for them to reach the cache.
+    const float* g = g16 + k / 16;
+    const __m128 g4 = whole ? _mm_setr_ps(g[0], g[1], g[2], g[3]) : _mm_setr_ps(g[0], g[1], 0, 0);
     const __m512 w_scale = _mm512_permutexvar_ps(
         _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-        _mm512_castps128_ps512(_mm_maskz_loadu_ps(whole ? 0xF : 0x3, g16 + k / 16)));
-    const __m512i w = _mm512_maskz_loadu_epi8(bytes, q + k);
+        _mm512_castps128_ps512(g4));
+    // The decoder stored q 32 bytes at a time: two 32-byte loads forward from those stores
+    // (one 64-byte load would wait for them to reach the cache).
+    const __m256i w_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k));
+    const __m256i w_hi = whole ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k + 32))
+                               : _mm256_setzero_si256();
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w_lo), w_hi, 1);
     const __m512i xv = _mm512_maskz_loadu_epi8(bytes, xq + k);
     const __m512i aw = _mm512_abs_epi8(w);
     const __m512i sx = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(w), zero, xv);
@@ -182,8 +191,7 @@ void rows_int8(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t
       }
     }
     for (int64_t m = 0; m < M; ++m) {
-      float y = mins[m] + (a.bias != nullptr ? a.bias[n] : 0.0f);
-      for (int64_t i = 0; i < kWidth; ++i) y += acc[m][i];
+      const float y = hsum(F::loadu(acc[m])) + mins[m] + (a.bias != nullptr ? a.bias[n] : 0.0f);
       out[(m0 + m) * a.N + n] = from_float<TO>(y);
     }
   }
@@ -214,8 +222,7 @@ void rows_float(const QuantLinearArgs& a, const float* x32, int64_t m0, int64_t 
       for (int64_t m = 0; m < M; ++m) dot_float(x32 + (m0 + m) * K + k0, wf, len, acc[m]);
     }
     for (int64_t m = 0; m < M; ++m) {
-      float y = a.bias != nullptr ? a.bias[n] : 0.0f;
-      for (int64_t i = 0; i < kWidth; ++i) y += acc[m][i];
+      const float y = hsum(F::loadu(acc[m])) + (a.bias != nullptr ? a.bias[n] : 0.0f);
       out[(m0 + m) * a.N + n] = from_float<TO>(y);
     }
   }
