@@ -57,6 +57,27 @@ inline __m256i bit4_from_bits_32(uint32_t bits) {
 inline void store32(int8_t* q, __m256i v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), v);
 }
+
+// The 32 signed quants of a block of one of the small formats.
+template <QuantFormat F>
+inline __m256i small_block_q(const uint8_t* b) {
+  if constexpr (F == QuantFormat::q8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+  } else {
+    constexpr bool five = F == QuantFormat::q5_0 || F == QuantFormat::q5_1;
+    constexpr bool with_min = F == QuantFormat::q4_1 || F == QuantFormat::q5_1;
+    constexpr int64_t qs_at = (with_min ? 4 : 2) + (five ? 4 : 0);
+    __m256i v = nibbles_16(b + qs_at);
+    if constexpr (five) {
+      uint32_t qh;
+      std::memcpy(&qh, b + qs_at - 4, 4);
+      v = _mm256_or_si256(v, bit4_from_bits_32(qh));
+    }
+    if constexpr (F == QuantFormat::q4_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    if constexpr (F == QuantFormat::q5_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(16));
+    return v;
+  }
+}
 #endif
 
 // One 32-weight block of the small formats into q[0..32), its d into both g16 entries.
@@ -66,22 +87,9 @@ inline void decode_small(const uint8_t* b, int8_t* __restrict q, float* g16, flo
   g16[0] = g16[1] = d;
   *min32 = 0.0f;
 #if defined(__AVX2__)
-  if constexpr (F != QuantFormat::q8_0) {
-    constexpr bool five = F == QuantFormat::q5_0 || F == QuantFormat::q5_1;
-    constexpr bool with_min = F == QuantFormat::q4_1 || F == QuantFormat::q5_1;
-    constexpr int64_t qs_at = (with_min ? 4 : 2) + (five ? 4 : 0);
-    if constexpr (with_min) *min32 = half_at(b + 2);
-    __m256i v = nibbles_16(b + qs_at);
-    if constexpr (five) {
-      uint32_t qh;
-      std::memcpy(&qh, b + qs_at - 4, 4);
-      v = _mm256_or_si256(v, bit4_from_bits_32(qh));
-    }
-    if constexpr (F == QuantFormat::q4_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(8));
-    if constexpr (F == QuantFormat::q5_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(16));
-    store32(q, v);
-    return;
-  }
+  if constexpr (F == QuantFormat::q4_1 || F == QuantFormat::q5_1) *min32 = half_at(b + 2);
+  store32(q, small_block_q<F>(b));
+  return;
 #endif
   if constexpr (F == QuantFormat::q8_0) {
     std::memcpy(q, b + 2, 32);
