@@ -20,6 +20,7 @@ from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
+from plugserve.model.weight_bytes import weight_bytes
 from plugserve.outputs import GenerateResult, StreamEvent, generate_result, group_result
 from plugserve.parallel.cross_check import TP_RANK1_SKIPS_FREE, CrossRankCheck, skip_one_free
 from plugserve.parallel.leader import LeaderScheduler
@@ -119,8 +120,11 @@ class Engine:
         if self.tp is not None:
             self.tp.share_memory_for_all_reduce()
         loaded = load_model(cfg.model, dtype=self.dtype, device=self.device,
-                            shard=self.tp.shard if self.tp is not None else None)
+                            shard=self.tp.shard if self.tp is not None else None,
+                            quantization=cfg.quantization,
+                            quant_activations=cfg.quant_activations)
         self.model = loaded.model
+        self.weight_bytes = weight_bytes(self.model)
         self.arch = loaded.arch
         rank_arch = loaded.rank_arch  # this rank's heads (all of them without TP)
         self.tokenizer = loaded.tokenizer
@@ -533,6 +537,7 @@ class Engine:
         out["cache_evictable_slots"] = full.evictable_size()
         out["cache_protected_slots"] = full.protected_size()
         out["kv_pools"] = {t.pool: vars(t) for t in self.scheduler.kv_terms()}
+        out["weight_bytes"] = self.weight_bytes
         if self.tp is not None:
             out["tensor_parallel"] = self.tp.stats()
         for checker in self.checkers:
