@@ -9,10 +9,14 @@ import logging
 from collections.abc import Iterable, Iterator
 
 import torch
+from torch import nn
 
 from plugserve.model.errors import ModelLoadError
+from plugserve.model.layers import Linear
+from plugserve.model.llama import DecoderLayer
 from plugserve.quant.blocks import QuantBlocks
 from plugserve.quant.quantize import ON_LOAD_TYPES, quantizable, quantize
+from plugserve.quant.reference import Activations
 from plugserve.quant.types import quant_type
 
 log = logging.getLogger(__name__)
@@ -48,6 +52,32 @@ def quantized_stream(
                 continue
             dense.append(f"{name} ({tensor.shape[1]})")
         yield name, tensor
+    if dense:
+        log.info("%s: kept dense, their column counts not a multiple of the %d-weight %s "
+                 "block: %s", source, qtype.block_elems, qtype.name, ", ".join(dense))
+
+
+def quantize_layers(
+    module: nn.Module, quantization: str, activations: Activations, source: str,
+) -> None:
+    """Quantize the dense matrices of every `Linear` in `module` in place (a model built and
+    filled elsewhere, e.g. an EAGLE head); decoder layers holding any then take the per-layer
+    torch path."""
+    check_on_load_type(quantization, source)
+    qtype = quant_type(quantization)
+    dense: list[str] = []
+    for name, layer in module.named_modules():
+        if not isinstance(layer, Linear) or layer.quant is not None:
+            continue
+        cols = layer.weight.shape[1]
+        if quantizable(cols, qtype):
+            layer.hold_quantized([quantize(layer.weight, quantization)], activations)
+        else:
+            dense.append(f"{name} ({cols})")
+    for layer in module.modules():
+        if isinstance(layer, DecoderLayer) and any(
+                isinstance(m, Linear) and m.quant is not None for m in layer.modules()):
+            layer.has_llama_form = False
     if dense:
         log.info("%s: kept dense, their column counts not a multiple of the %d-weight %s "
                  "block: %s", source, qtype.block_elems, qtype.name, ", ".join(dense))
