@@ -45,6 +45,9 @@ def test_metrics_after_requests(server: BackgroundServer, http: httpx.Client) ->
     steps = next(float(row.split()[-1]) for row in text.splitlines()
                  if row.startswith("plugserve_checker_steps_checked "))
     assert steps > 0  # the checker proved the busy steps of these requests
+    weights = next(float(row.split()[-1]) for row in text.splitlines()
+                   if row.startswith("plugserve_weight_bytes "))
+    assert weights == server.engine_loop.engine.weight_bytes > 0
 
 
 def test_health(http: httpx.Client) -> None:
