@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ from plugserve.structs.spec_footprint import SpecFootprint
 from plugserve.structured import GrammarSpec
 from plugserve.validation import validate_config
 
+log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -163,11 +165,15 @@ class Engine:
                 cfg, rank_arch, dtype=self.dtype, device=self.device,
                 context_len=self.context_len, attention_caps=attention.capabilities,
                 cache_entry=registries.cache.get(cfg.cache), footprint=footprint,
+                weight_bytes=self.weight_bytes,
             )
         except KVSizeError as exc:
             _refuse(exc.reasons)
             raise
         self.kv, self.kv_pool = memory.kv, memory.kv_pool
+        log.info("model %s: %.1f MiB of weights; KV pool of %d slots",
+                 cfg.model or "(default)", self.weight_bytes / (1 << 20),
+                 memory.kv.allocator.total_slots)
         self.swa_layer_ids = memory.swa_layer_ids
         num_pages, rows = memory.num_pages, memory.kv.rows
         self.backend = backend_cls(attention_ctx)
