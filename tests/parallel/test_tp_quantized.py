@@ -106,3 +106,12 @@ class TestQuantizedTensorParallel(EngineTest):
         assert tp2 == tp1
         for held in per_rank:  # each rank holds about half the blocks
             assert held["weights_bytes"] <= 0.65 * whole_bytes, (held, whole_bytes)
+
+
+class TestRefusedAtStartUp(EngineTest):
+    def test_engine_with_a_slice_inside_a_block_stops_with_the_reason(
+        self, tmp_path: Path
+    ) -> None:
+        path = str(_gguf(tmp_path))  # 96 MLP columns
+        with pytest.raises(ModelLoadError, match=r"ffn_down.*blocks of 32.*tp size 2"):
+            self.engine(model=path, tp_size=2)
