@@ -208,8 +208,8 @@ def run_server(config: Any, options: list[str], settings: ServerSettings,
         state = app.state.server
         port = sock.getsockname()[1]
         weights_mib = engine.weight_bytes / (1 << 20)
-        typer.echo(f"plugserve: serving {state.model_id} ({weights_mib:.1f} MiB of weights) "
-                   f"on http://{settings.host}:{port}/v1 (Ctrl-C stops)", err=True)
+        typer.echo(f"plugserve: serving {state.model_id} on http://{settings.host}:{port}/v1 "
+                   f"({weights_mib:.1f} MiB of weights; Ctrl-C stops)", err=True)
         shutdown = app.state.shutdown
         server = _server_class(uvicorn)(uvicorn.Config(
             app, log_config=None, log_level=log_level.lower(), lifespan="on",

@@ -79,6 +79,7 @@ def test_serve_command_stops_on_signal(tiny_model_dir: Path, sig: signal.Signals
             proc.communicate()
     assert proc.returncode == 0, err
     assert f"serving {tiny_model_dir.name} on http://127.0.0.1:{port}/v1" in err
+    assert " MiB of weights; Ctrl-C stops)" in err  # the resident weight bytes
     assert "stopped; memory whole at idle: yes" in err
     assert "Traceback" not in err
 
