@@ -165,7 +165,9 @@ def on_load_slice_problem(name: str, target: ShardTarget, cols: int, quantizatio
 def _quantized_slices(
     tensors: Iterator[tuple[str, torch.Tensor]], plan: dict[str, ShardTarget],
     quantization: str, tp_size: int, source: str,
-) -> Iterator[tuple[str, torch.Tensor | QuantBlocks]]:
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The slices as they are, after refusing one that would quantize only part of a
+    block."""
     for name, tensor in tensors:
         if is_layer_matrix(name, tensor):
             problem = on_load_slice_problem(name, plan[name], tensor.shape[1], quantization,
@@ -218,12 +220,11 @@ def load_hf_shard(path: str | Path, shard: ModelShard, *, dtype: torch.dtype,
     model = TPCausalLM(arch, shard, dtype=dtype, device=device)
     plan = shard_plan(arch, shard)
     params = dict(model.named_parameters())
-    slices: Iterator[tuple[str, torch.Tensor | QuantBlocks]] = _safetensors_slices(
-        files, plan, params, str(folder))
+    dense = _safetensors_slices(files, plan, params, str(folder))
+    slices: Iterator[tuple[str, torch.Tensor | QuantBlocks]] = dense
     if quantizes_on_load(quantization):
         assert quantization is not None
-        checked = _quantized_slices(_safetensors_slices(files, plan, params, str(folder)),
-                                    plan, quantization, shard.size, str(folder))
+        checked = _quantized_slices(dense, plan, quantization, shard.size, str(folder))
         slices = quantized_stream(checked, quantization, str(folder))
     _fill(model, slices, plan, quant_activations)
     tokenizer = Tokenizer.from_hf_folder(folder, eos_token_ids=arch.eos_token_ids)
