@@ -169,6 +169,12 @@ class EngineConfig(BaseSettings):
                 f"chunked_prefill_size ({self.chunked_prefill_size}) must be 0 (off) or at least "
                 f"page_size ({self.page_size})"
             )
+        if self.quantization not in (None, "none") and not self.device.startswith("cpu"):
+            raise ValueError(
+                f"quantization={self.quantization!r} runs on the CPU only for now (device="
+                f"{self.device!r}); leave it unset on a GPU (a GGUF's blocks are dequantized "
+                "there)"
+            )
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
             raise ValueError("enable_mixed_chunk needs chunked prefill (chunked_prefill_size > 0)")
         if self.spec == "none":

@@ -28,3 +28,9 @@ def test_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_wrong_value_lists_the_allowed_ones(field: str, value: str, allowed: str) -> None:
     with pytest.raises(ValidationError, match=allowed):
         EngineConfig(**{field: value})
+
+
+def test_quantization_on_load_is_refused_on_a_gpu() -> None:
+    with pytest.raises(ValidationError, match="runs on the CPU only for now"):
+        EngineConfig(quantization="q8_0", device="cuda")
+    assert EngineConfig(quantization="none", device="cuda").quantization == "none"
