@@ -18,8 +18,16 @@ from plugserve.model import load_model
 from plugserve.model.layers import Embedding, Linear
 from plugserve.model.llama import CausalLM
 from plugserve.model.weight_bytes import weight_bytes
+from plugserve.quant.quantize import quantize
 
-from .conftest import PagedRunner, random_prompts, write_tiny_gguf
+from .conftest import (
+    PagedRunner,
+    gguf_name,
+    random_prompts,
+    rope_interleave,
+    tiny_hf_model,
+    write_tiny_gguf,
+)
 
 Models = dict[str, tuple[Path, Any]]
 LENGTHS = [9, 4]
@@ -134,3 +142,49 @@ def test_other_quantized_types_load_dequantized_with_one_warning(
     expected = gguf.quants.dequantize(raw["blk.1.ffn_down.weight"][0], iq4)
     assert torch.equal(down.weight, torch.from_numpy(expected.reshape(64, 96)))
     assert model.decoder_layers[1].self_attn.o_proj.quant is not None
+
+
+def _random_k_blocks(rows: int, cols: int, kind: str, seed: int) -> np.ndarray:
+    """Random valid Q5_K / Q6_K blocks (gguf cannot write them): small fp16 scales."""
+    rng = np.random.default_rng(seed)
+    size = {"Q5_K": 176, "Q6_K": 210}[kind]
+    blocks = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
+    half = (rng.random((blocks.shape[0], 2)) * 0.002).astype(np.float16).view(np.uint8)
+    if kind == "Q5_K":  # d and dmin lead the block
+        blocks[:, :4] = half.reshape(-1, 4)
+    else:  # d ends it
+        blocks[:, -2:] = half[:, :2]
+    return blocks.reshape(rows, cols // 256 * size)
+
+
+def test_k_quants_and_a_fused_projection_of_mixed_types(tmp_path: Path) -> None:
+    """Q4_K matrices (quantized by plugserve.quant), Q6_K v and Q5_K down projections: the
+    fused q/k/v holds its Q4_K and Q6_K rows apart, and the model is the dequantized one."""
+    hf = tiny_hf_model("llama", tmp_path / "hf", seed=3, hidden_size=256,
+                       intermediate_size=256)
+    q4_k, q5_k, q6_k = (getattr(gguf.GGMLQuantizationType, t) for t in ("Q4_K", "Q5_K", "Q6_K"))
+    raw: dict[str, tuple[Any, Any]] = {}
+    for name, tensor in hf.state_dict().items():
+        if tensor.ndim == 2 and "norm" not in name:
+            data = tensor.detach().float()
+            if ".q_proj." in name:
+                data = rope_interleave(data, hf.config.num_attention_heads)
+            if ".k_proj." in name:
+                data = rope_interleave(data, hf.config.num_key_value_heads)
+            raw[gguf_name(name)] = (quantize(data, "q4_k").data.numpy(), q4_k)
+    for i in range(2):
+        raw[f"blk.{i}.attn_v.weight"] = (_random_k_blocks(128, 256, "Q6_K", i), q6_k)
+        raw[f"blk.{i}.ffn_down.weight"] = (_random_k_blocks(256, 256, "Q5_K", 10 + i), q5_k)
+    path = tmp_path / "k.gguf"
+    write_tiny_gguf(hf, path, raw=raw)
+    model = _load(path, quant_activations="float")
+    qkv = model.decoder_layers[0].self_attn.qkv_proj.quant
+    assert qkv is not None and [(p.qtype.name, p.rows) for p in qkv] == [("q4_k", 384),
+                                                                           ("q6_k", 128)]
+    down = model.decoder_layers[1].mlp.down_proj.quant
+    assert down is not None and down[0].qtype.name == "q5_k"
+    assert weight_bytes(model) == _file_tensor_bytes(path)
+    prompts = random_prompts(LENGTHS, seed=9)
+    kept = _prefill(model, prompts)
+    dense = _prefill(_load(path, quantization="none"), prompts)
+    torch.testing.assert_close(kept, dense, rtol=0, atol=1e-4)
