@@ -281,9 +281,16 @@ def _gguf_slices(file: Any, arch: ModelArchConfig,
                  plan: dict[str, ShardTarget], params: dict[str, torch.Tensor],
                  source: str, tp_size: int, keep: bool,
                  ) -> Iterator[tuple[str, torch.Tensor | QuantBlocks]]:
-    from plugserve.model.loader_gguf import ROPE_FREQS, hf_name, undo_rope_permutation
+    from plugserve.model.gguf_blocks import is_quantized
+    from plugserve.model.loader_gguf import (
+        ROPE_FREQS,
+        hf_name,
+        undo_rope_permutation,
+        warn_dequantized,
+    )
 
     unpermute = file.metadata.get("general.architecture") == "llama"
+    dequantized: dict[str, list[str]] = {}
     for t in file.reader.tensors:
         name = hf_name(t.name)
         if t.name == ROPE_FREQS or name not in plan:
@@ -291,6 +298,8 @@ def _gguf_slices(file: Any, arch: ModelArchConfig,
         target = plan[name]
         shape = tuple(int(n) for n in reversed(t.shape.tolist()))
         _check_full_shape(name, shape, target, params[target.param], source)
+        if keep and is_quantized(t) and kept_type(t.tensor_type) is None:
+            dequantized.setdefault(t.tensor_type.name, []).append(t.name)
         tensor = _gguf_slice(t, target, source, tp_size, keep)
         kind = t.name.split(".")[2:3]
         if unpermute and kind in (["attn_q"], ["attn_k"]):  # whole heads: undo per head
@@ -301,6 +310,7 @@ def _gguf_slices(file: Any, arch: ModelArchConfig,
             else:
                 tensor = undo_rope_permutation(tensor, tensor.shape[0] // arch.head_dim)
         yield name, tensor
+    warn_dequantized(file.path, dequantized)
 
 
 def load_gguf_shard(path: str | Path, shard: ModelShard, *, dtype: torch.dtype,
