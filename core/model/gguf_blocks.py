@@ -35,7 +35,22 @@ class GGUFTensorError(ValueError):
 class NamingGGUFReader(gguf.GGUFReader):
     """`gguf.GGUFReader`, but a tensor whose data cannot be read (the file ends inside it,
     its row is not a whole number of blocks, an unknown type) raises `GGUFTensorError`
-    naming it instead of a bare numpy error."""
+    naming it instead of a bare numpy error; and each of the ~100k reads of the metadata (a
+    tokenizer's vocabulary and merges) slices a plain ndarray view of the memory map rather
+    than the `np.memmap` itself, whose per-slice bookkeeping made opening a file take
+    seconds. Tensor data stays a view of the map either way."""
+
+    def _get(self, offset: int, dtype: Any, count: int = 1,
+             override_order: Any = None) -> Any:
+        plain = self.__dict__.get("_plain")
+        if plain is None or plain.base is not self.data:
+            plain = self.data.view(np.ndarray)
+            self.__dict__["_plain"] = plain
+        count = int(count)
+        end = offset + np.dtype(dtype).itemsize * count
+        arr = plain[offset:end].view(dtype=dtype)[:count]
+        order = self.byte_order if override_order is None else override_order
+        return arr.view(arr.dtype.newbyteorder(order))
 
     def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
         tensors: list[Any] = []
