@@ -77,13 +77,22 @@ def measure_gemv(rows: int, cols: int, dtype: torch.dtype, repeats: int) -> floa
 
 
 def weight_bytes(model: Any) -> tuple[int, bool]:
-    """Bytes a decode step reads from the weights, and whether the matmuls upcast to fp32."""
+    """Bytes a decode step reads from the weights, and whether the matmuls upcast to fp32.
+    A quantized weight reads its blocks."""
     from plugserve.model.layers import multiplies_as_stored
+    from plugserve.model.quant_weight import WeightHolder
 
     embed = model.embed_tokens.weight
     tied = getattr(model, "lm_head", None) is None
     total, upcast = 0, False
+    for holder in model.modules():
+        if isinstance(holder, WeightHolder) and holder.quant is not None:
+            rows = holder.weight.shape[0]
+            held = holder.resident_bytes()
+            total += held // rows if holder.weight is embed and not tied else held
     for param in model.parameters():
+        if param.device.type == "meta":  # quantized: counted as its blocks above
+            continue
         if param is embed and not tied:
             total += param.shape[-1] * param.element_size()  # one row looked up
             continue

@@ -108,7 +108,9 @@ def _rss_bytes(pid: int) -> int:
 
 
 def _param_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    from plugserve.model.weight_bytes import weight_bytes
+
+    return weight_bytes(model)  # quantized weights as their blocks
 
 
 def probe_memory(model: Path, tp: int) -> dict[str, Any]:

@@ -18,6 +18,8 @@ from plugserve.fixes import parse_reverts
 DType = Literal["float32", "bfloat16", "float16"]
 # What the KV pools store (vLLM / SGLang names); "auto" = the model's dtype.
 KVCacheDType = Literal["auto", "bfloat16", "float8_e4m3", "float8_e5m2"]
+Quantization = Literal["q8_0", "q4_0", "q4_k", "none"]
+QuantActivations = Literal["int8", "float"]
 
 
 class EngineConfig(BaseSettings):
@@ -44,6 +46,19 @@ class EngineConfig(BaseSettings):
     plugins: str | None = Field(
         default=None,
         description="comma-separated allowlist of external plugins to load; '' = built-ins only",
+    )
+
+    # Quantized weights (plugserve.quant).
+    quantization: Quantization | None = Field(
+        default=None,
+        description="None = as the model stores them (a GGUF's quantized tensors stay "
+        "quantized); none = dequantize a GGUF; q8_0 / q4_0 / q4_k = quantize an HF folder's "
+        "matrices on load",
+    )
+    quant_activations: QuantActivations = Field(
+        default="int8",
+        description="how quantized matmuls take their input: int8 (rounded per 32-block, as "
+        "llama.cpp) or float (the compute dtype: token-identical to the dequantized model)",
     )
 
     # Memory.
@@ -153,6 +168,12 @@ class EngineConfig(BaseSettings):
             raise ValueError(
                 f"chunked_prefill_size ({self.chunked_prefill_size}) must be 0 (off) or at least "
                 f"page_size ({self.page_size})"
+            )
+        if self.quantization not in (None, "none") and not self.device.startswith("cpu"):
+            raise ValueError(
+                f"quantization={self.quantization!r} runs on the CPU only for now (device="
+                f"{self.device!r}); leave it unset on a GPU (a GGUF's blocks are dequantized "
+                "there)"
             )
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
             raise ValueError("enable_mixed_chunk needs chunked prefill (chunked_prefill_size > 0)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
+from plugserve.model.weight_bytes import weight_bytes
 from plugserve.outputs import GenerateResult, StreamEvent, generate_result, group_result
 from plugserve.parallel.cross_check import TP_RANK1_SKIPS_FREE, CrossRankCheck, skip_one_free
 from plugserve.parallel.leader import LeaderScheduler
@@ -39,6 +41,7 @@ from plugserve.structs.spec_footprint import SpecFootprint
 from plugserve.structured import GrammarSpec
 from plugserve.validation import validate_config
 
+log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -119,8 +122,11 @@ class Engine:
         if self.tp is not None:
             self.tp.share_memory_for_all_reduce()
         loaded = load_model(cfg.model, dtype=self.dtype, device=self.device,
-                            shard=self.tp.shard if self.tp is not None else None)
+                            shard=self.tp.shard if self.tp is not None else None,
+                            quantization=cfg.quantization,
+                            quant_activations=cfg.quant_activations)
         self.model = loaded.model
+        self.weight_bytes = weight_bytes(self.model)
         self.arch = loaded.arch
         rank_arch = loaded.rank_arch  # this rank's heads (all of them without TP)
         self.tokenizer = loaded.tokenizer
@@ -159,11 +165,15 @@ class Engine:
                 cfg, rank_arch, dtype=self.dtype, device=self.device,
                 context_len=self.context_len, attention_caps=attention.capabilities,
                 cache_entry=registries.cache.get(cfg.cache), footprint=footprint,
+                weight_bytes=self.weight_bytes,
             )
         except KVSizeError as exc:
             _refuse(exc.reasons)
             raise
         self.kv, self.kv_pool = memory.kv, memory.kv_pool
+        log.info("model %s: %.1f MiB of weights; KV pool of %d slots",
+                 cfg.model or "(default)", self.weight_bytes / (1 << 20),
+                 memory.kv.allocator.total_slots)
         self.swa_layer_ids = memory.swa_layer_ids
         num_pages, rows = memory.num_pages, memory.kv.rows
         self.backend = backend_cls(attention_ctx)
@@ -533,6 +543,7 @@ class Engine:
         out["cache_evictable_slots"] = full.evictable_size()
         out["cache_protected_slots"] = full.protected_size()
         out["kv_pools"] = {t.pool: vars(t) for t in self.scheduler.kv_terms()}
+        out["weight_bytes"] = self.weight_bytes
         if self.tp is not None:
             out["tensor_parallel"] = self.tp.stats()
         for checker in self.checkers:

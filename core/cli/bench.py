@@ -36,6 +36,8 @@ from plugserve.cli.options import (
     ModelOpt,
     PageSizeOpt,
     PluginOpt,
+    QuantActivationsOpt,
+    QuantizationOpt,
     SpecDraftTokensOpt,
     SpecOpt,
     SpecStepsOpt,
@@ -65,6 +67,8 @@ def bench_command(
     page_size: PageSizeOpt = None,
     dtype: DtypeOpt = None,
     kv_cache_dtype: KVCacheDtypeOpt = None,
+    quantization: QuantizationOpt = None,
+    quant_activations: QuantActivationsOpt = None,
     kv_pool_tokens: Annotated[
         int | None, typer.Option(help="KV slots per pool (tokens); default: sized by the "
                                  "workload or from the context.")
@@ -303,6 +307,7 @@ def bench_command(
             attention=attention,
             dtype=dtype,
             kv_cache_dtype=kv_cache_dtype,
+            quantization=quantization, quant_activations=quant_activations,
             device=device,
             mem_check=mem_check,
             draft_model=draft_model,

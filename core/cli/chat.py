@@ -31,6 +31,8 @@ from plugserve.cli.options import (
     ModelOpt,
     PageSizeOpt,
     PluginOpt,
+    QuantActivationsOpt,
+    QuantizationOpt,
     TpOpt,
     chat_template_option,
     checked_plugin_host,
@@ -212,6 +214,8 @@ def chat_command(
     page_size: PageSizeOpt = None,
     dtype: DtypeOpt = None,
     kv_cache_dtype: KVCacheDtypeOpt = None,
+    quantization: QuantizationOpt = None,
+    quant_activations: QuantActivationsOpt = None,
     device: DeviceOpt = None,
     mem_check: MemCheckOpt = None,
     system: Annotated[str | None, typer.Option(metavar="PROMPT",
@@ -246,7 +250,8 @@ def chat_command(
 
         config = engine_config(model=model, attention=attention, cache=cache or DEFAULT_CACHE,
                                page_size=page_size, dtype=dtype,
-                               kv_cache_dtype=kv_cache_dtype, device=device,
+                               kv_cache_dtype=kv_cache_dtype, quantization=quantization,
+                               quant_activations=quant_activations, device=device,
                                mem_check=mem_check, tp_size=tp)
         with stderr_logging(log_level, config.mem_check):
             options = plugin or []

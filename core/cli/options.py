@@ -44,6 +44,16 @@ KVCacheDtypeOpt = Annotated[
     typer.Option(help="What the KV cache stores: auto (the model's dtype), bfloat16, "
                  "float8_e4m3 or float8_e5m2."),
 ]
+QuantizationOpt = Annotated[
+    str | None,
+    typer.Option(help="Weights: q8_0, q4_0 or q4_k quantize an HF folder's matrices on load; "
+                 "none dequantizes a GGUF; unset keeps what the model stores."),
+]
+QuantActivationsOpt = Annotated[
+    str | None,
+    typer.Option(help="Input of quantized matmuls: int8 (per 32-block, as llama.cpp; the "
+                 "default) or float (the compute dtype)."),
+]
 MemCheckOpt = Annotated[
     int | None,
     typer.Option(

@@ -29,6 +29,8 @@ from plugserve.cli.options import (
     ModelOpt,
     PageSizeOpt,
     PluginOpt,
+    QuantActivationsOpt,
+    QuantizationOpt,
     SpecDraftTokensOpt,
     SpecOpt,
     SpecStepsOpt,
@@ -80,6 +82,8 @@ def serve_command(
     page_size: PageSizeOpt = None,
     dtype: DtypeOpt = None,
     kv_cache_dtype: KVCacheDtypeOpt = None,
+    quantization: QuantizationOpt = None,
+    quant_activations: QuantActivationsOpt = None,
     device: DeviceOpt = None,
     seed: Annotated[int | None, _int("Engine seed.")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="Tokenizer folder, if not the model's.")
@@ -143,6 +147,7 @@ def serve_command(
             grammar_backend=grammar_backend,
             spec_steps=spec_steps, spec_topk=spec_topk, spec_draft_tokens=spec_draft_tokens,
             page_size=page_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, device=device,
+            quantization=quantization, quant_activations=quant_activations,
             seed=seed, tokenizer=tokenizer,
             max_running_requests=max_running_requests, kv_pool_tokens=kv_pool_tokens,
             context_len=context_len, chunked_prefill_size=chunked_prefill_size,
@@ -202,8 +207,9 @@ def run_server(config: Any, options: list[str], settings: ServerSettings,
         app = create_app(engine, settings)
         state = app.state.server
         port = sock.getsockname()[1]
+        weights_mib = engine.weight_bytes / (1 << 20)
         typer.echo(f"plugserve: serving {state.model_id} on http://{settings.host}:{port}/v1 "
-                   "(Ctrl-C stops)", err=True)
+                   f"({weights_mib:.1f} MiB of weights; Ctrl-C stops)", err=True)
         shutdown = app.state.shutdown
         server = _server_class(uvicorn)(uvicorn.Config(
             app, log_config=None, log_level=log_level.lower(), lifespan="on",

@@ -9,6 +9,7 @@ otherwise one pool holds every layer.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,28 @@ from plugserve.pools.swa_pool import HybridAllocator, HybridKVPool, swa_pool_pag
 from plugserve.structs.spec_footprint import SpecFootprint
 
 DEFAULT_KV_BYTES = 2 << 30  # KV pool budget when kv_pool_tokens is not given
+# ... at most this share of what the device's memory leaves once the weights are in it
+KV_MEMORY_SHARE = 0.5
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """The device's total memory (physical RAM for the CPU); None when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_kv_bytes(device: torch.device, weight_bytes: int) -> int:
+    """The default pool's byte budget: DEFAULT_KV_BYTES, or less where the device's memory
+    minus the weights' resident bytes (quantized weights as their blocks) is small."""
+    total = device_memory_bytes(device)
+    if total is None:
+        return DEFAULT_KV_BYTES
+    left = max(0, total - weight_bytes)
+    return min(DEFAULT_KV_BYTES, max(64 << 20, int(left * KV_MEMORY_SHARE)))
 
 
 class KVSizeError(ValueError):
@@ -46,7 +69,7 @@ class KVMemory:
 def build_kv_memory(
     cfg: EngineConfig, arch: ModelArchConfig, *, dtype: torch.dtype, device: torch.device,
     context_len: int, attention_caps: BackendCapabilities, cache_entry: Any,
-    footprint: SpecFootprint | None,
+    footprint: SpecFootprint | None, weight_bytes: int = 0,
 ) -> KVMemory:
     page = cfg.page_size
     # Windowed layers get their own pool when the backend translates their slots.
@@ -61,7 +84,8 @@ def build_kv_memory(
     bytes_per_token = layer_bytes * max(
         1, arch.num_hidden_layers - len(swa_layer_ids))
     pool_tokens = cfg.kv_pool_tokens or min(
-        cfg.max_running_requests * context_len, DEFAULT_KV_BYTES // bytes_per_token
+        cfg.max_running_requests * context_len,
+        default_kv_bytes(device, weight_bytes) // bytes_per_token,
     )
     num_pages = max(1, pool_tokens // page)
     window = max((w for w in arch.layer_sliding_window if w is not None), default=0)

@@ -25,6 +25,8 @@ from plugserve.kernels import fused_elementwise as fused
 from plugserve.kernels import skinny_linear as skinny
 from plugserve.kernels import widening_gemm as widening
 from plugserve.kernels.packed_linear import packed, upcasts_matmul
+from plugserve.model.quant_weight import LinearWeight, WeightHolder, linear_any
+from plugserve.quant.reference import Activations
 
 Device = torch.device | str
 
@@ -53,6 +55,15 @@ def multiplies_as_stored(weight: torch.Tensor) -> bool:
 
 
 def linear(
+    x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None,
+    out_dtype: torch.dtype | None = None, activations: Activations = "int8",
+) -> torch.Tensor:
+    """x @ weight.T (+ bias), returned in `out_dtype` (default x's dtype). A quantized weight
+    (`plugserve.model.quant_weight`) goes to the quantized matmul with `activations`."""
+    return linear_any(_dense_linear, x, weight, bias, out_dtype, activations)
+
+
+def _dense_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
@@ -84,8 +95,8 @@ def linear(
     return out if out.dtype == wanted else out.to(wanted)
 
 
-class Linear(nn.Module):
-    """y = x @ weight.T (+ bias); weight is [out_features, in_features]."""
+class Linear(WeightHolder):
+    """y = x @ weight.T (+ bias); weight is [out_features, in_features], dense or quantized."""
 
     def __init__(
         self, in_features: int, out_features: int, *, bias: bool, dtype: torch.dtype,
@@ -100,20 +111,23 @@ class Linear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.matrix, self.bias, activations=self.quant_activations)
 
     def extra_repr(self) -> str:
         out_features, in_features = self.weight.shape
-        return f"in={in_features}, out={out_features}, bias={self.bias is not None}"
+        quant = "" if self.quant is None else ", " + "+".join(p.qtype.name for p in self.quant)
+        return f"in={in_features}, out={out_features}, bias={self.bias is not None}{quant}"
 
 
-class Embedding(nn.Module):
+class Embedding(WeightHolder):
+    """Token embeddings; a quantized table dequantizes only the rows looked up."""
+
     def __init__(self, num_tokens: int, size: int, *, dtype: torch.dtype, device: Device) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_tokens, size, dtype=dtype, device=device))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
+        return self.lookup_rows(ids)
 
 
 class RMSNorm(nn.Module):

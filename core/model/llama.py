@@ -35,6 +35,7 @@ from plugserve.model.layers import (
     GatedMLP,
     Linear,
     RMSNorm,
+    WeightHolder,
     linear,
     multiplies_as_stored,
     parameter_generation,
@@ -294,14 +295,31 @@ class CausalLM(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.final_norm.weight.device  # never quantized (a meta placeholder)
+
+    @property
+    def lm_head_holder(self) -> WeightHolder:
+        """The LM head's layer: the embedding when the embeddings are tied."""
+        return self.embed_tokens if self.lm_head is None else self.lm_head
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
-        """[vocab, hidden]; the embedding matrix when the embeddings are tied."""
-        if self.lm_head is None:
-            return self.embed_tokens.weight
-        return self.lm_head.weight
+        """[vocab, hidden]; the embedding matrix when the embeddings are tied. A quantized
+        head's is a "meta" placeholder (its shape only): `dense_lm_head_weight` has values."""
+        return self.lm_head_holder.weight
+
+    def dense_lm_head_weight(self) -> torch.Tensor:
+        """The LM head's values, dequantized when it is quantized (a copy then)."""
+        return self.lm_head_holder.dense_weight()
+
+    def note_quantized(self) -> None:
+        """After quantized weights were installed: a layer holding any takes the per-layer
+        torch path (the compiled decode step reads dense weights only)."""
+        for layer in self.decoder_layers:
+            if any(isinstance(m, WeightHolder) and m.quant is not None for m in layer.modules()):
+                layer.has_llama_form = False
+        self.all_llama_form = self.all_llama_form and all(
+            layer.has_llama_form for layer in self.decoder_layers)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The decoder's input for `input_ids` (scaled embeddings where the arch scales)."""
@@ -313,7 +331,9 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden_after_norm: torch.Tensor) -> torch.Tensor:
         """float32 vocab logits for hidden states that already went through `final_norm`
         (soft-capped where the arch caps them)."""
-        logits = linear(hidden_after_norm, self.lm_head_weight, None, out_dtype=torch.float32)
+        head = self.lm_head_holder
+        logits = linear(hidden_after_norm, head.matrix, None, out_dtype=torch.float32,
+                        activations=head.quant_activations)
         cap = self.arch.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,11 @@ from plugserve.model.arch import ModelArchConfig
 from plugserve.model.errors import ModelLoadError
 from plugserve.model.llama import CausalLM
 from plugserve.model.loaded_model import LoadedModel
+from plugserve.model.quant_on_load import quantized_stream, quantizes_on_load
 from plugserve.model.tokenizer import Tokenizer
 from plugserve.model.weights import check_tensor_names, load_weights
+from plugserve.quant.blocks import QuantBlocks
+from plugserve.quant.reference import Activations
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -111,8 +114,10 @@ def _tensors(files: dict[str, Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_hf_model(
-    path: str | Path, *, dtype: torch.dtype, device: torch.device | str
+    path: str | Path, *, dtype: torch.dtype, device: torch.device | str,
+    quantization: str | None = None, quant_activations: Activations = "int8",
 ) -> LoadedModel:
+    """`quantization` q8_0 / q4_0 / q4_k quantizes the layers' matrices as they load."""
     folder = Path(path).expanduser()
     if not folder.exists():
         raise ModelLoadError(f"{folder}: model folder does not exist")
@@ -124,6 +129,10 @@ def load_hf_model(
     files = weight_files(folder)
     check_tensor_names(files, arch, str(folder))
     model = CausalLM(arch, dtype=dtype, device=device)
-    load_weights(model, _tensors(files), str(folder))
+    tensors: Iterable[tuple[str, torch.Tensor | QuantBlocks]] = _tensors(files)
+    if quantizes_on_load(quantization):
+        assert quantization is not None
+        tensors = quantized_stream(_tensors(files), quantization, str(folder))
+    load_weights(model, tensors, str(folder), quant_activations)
     tokenizer = Tokenizer.from_hf_folder(folder, eos_token_ids=arch.eos_token_ids)
     return LoadedModel(model=model, arch=arch, tokenizer=tokenizer, source=folder)

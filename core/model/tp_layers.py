@@ -16,16 +16,15 @@ one-rank matmul's float32 accumulator is.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from plugserve.model.arch import ModelArchConfig
-from plugserve.model.layers import Device, linear
+from plugserve.model.layers import Device, WeightHolder, linear
 from plugserve.model.llama import CausalLM
 from plugserve.model.tp_shard import ModelShard
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(WeightHolder):
     """y = x @ weight.T (+ bias) where x and weight hold this rank's slice of the input
     features: the ranks' partial products are summed (one all-reduce), then the bias (whole,
     on every rank) is added once."""
@@ -43,7 +42,8 @@ class RowParallelLinear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = linear(x, self.weight, None, out_dtype=torch.float32)
+        partial = linear(x, self.matrix, None, out_dtype=torch.float32,
+                         activations=self.quant_activations)
         out = self.shard.all_reduce_(partial)
         if self.bias is not None:
             out = out + self.bias
@@ -55,7 +55,7 @@ class RowParallelLinear(nn.Module):
                 f"out={out_features}, bias={self.bias is not None}")
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(WeightHolder):
     """This rank's rows of the embedding (`shard.vocab_range`); other ids look up zeros, and
     one all-reduce gives every rank the whole embedding of every id."""
 
@@ -71,7 +71,7 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.start
         outside = (local < 0) | (local >= self.count)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = self.lookup_rows(local.masked_fill(outside, 0))
         out.masked_fill_(outside.unsqueeze(-1), 0)
         return self.shard.all_reduce_(out)
 
@@ -106,7 +106,9 @@ class TPCausalLM(CausalLM):
     def compute_logits(self, hidden_after_norm: torch.Tensor) -> torch.Tensor:
         """float32 logits over the whole vocabulary on every rank: this rank's rows, gathered
         (then soft-capped where the arch caps them)."""
-        local = linear(hidden_after_norm, self.lm_head_weight, None, out_dtype=torch.float32)
+        head = self.lm_head_holder
+        local = linear(hidden_after_norm, head.matrix, None, out_dtype=torch.float32,
+                       activations=head.quant_activations)
         logits = self.shard.gather_vocab(local)
         cap = self.arch.final_logit_softcapping
         if cap is not None:

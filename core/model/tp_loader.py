@@ -1,11 +1,11 @@
 """Loading one tensor-parallel rank's shard: each rank reads only its slice of every weight.
 
 From safetensors a rank reads `safe_open(...).get_slice(name)[rows]` (or `[:, cols]`), never
-the whole tensor. From a GGUF file it slices the raw data before dequantizing it: whole rows
-always split (column-parallel weights), but a row-parallel weight is split inside its rows,
-which a quantized type can only do at its block boundaries; a shape that does not split
-there is refused with the reason (`gguf_slice_problem`). This slicing is the seam for
-keeping quantized weights as they are: replace `_dequantize_slice`.
+the whole tensor (quantized after slicing with `quantization` q8_0 / q4_0 / q4_k). From a GGUF
+file it slices the raw blocks: whole rows always split (column-parallel weights), but a
+row-parallel weight is split inside its rows, which a quantized type can only do at its
+block boundaries; a shape that does not split there is refused with the reason
+(`gguf_slice_problem`, `on_load_slice_problem`). Kept types stay quantized as on one rank.
 
 `shard_plan` says, for every HF tensor name, which slice this rank takes and where it goes.
 Names are checked against the architecture before any data is read, exactly as for one rank.
@@ -26,9 +26,15 @@ from safetensors import safe_open
 from plugserve.model.arch import ModelArchConfig
 from plugserve.model.errors import ModelLoadError
 from plugserve.model.loaded_model import LoadedModel
+from plugserve.model.quant_install import QuantParts, install_quantized
+from plugserve.model.quant_on_load import is_layer_matrix, quantized_stream, quantizes_on_load
 from plugserve.model.tp_layers import TPCausalLM
 from plugserve.model.tp_shard import ModelShard
 from plugserve.model.weights import check_tensor_names
+from plugserve.quant.blocks import QuantBlocks
+from plugserve.quant.quantize import quantizable
+from plugserve.quant.reference import Activations
+from plugserve.quant.types import kept_type, quant_type
 
 
 @dataclass(frozen=True)
@@ -104,18 +110,23 @@ def shard_plan(arch: ModelArchConfig, shard: ModelShard) -> dict[str, ShardTarge
     return plan
 
 
-def _fill(model: TPCausalLM, tensors: Iterator[tuple[str, torch.Tensor]],
-          plan: dict[str, ShardTarget]) -> None:
-    """Copy each slice (its source shape already checked) into place. The vocabulary's
-    padding rows on the last rank stay zero."""
+def _fill(model: TPCausalLM, tensors: Iterator[tuple[str, torch.Tensor | QuantBlocks]],
+          plan: dict[str, ShardTarget], activations: Activations) -> None:
+    """Copy each slice (its source shape already checked) into place; quantized slices are
+    held as blocks. The vocabulary's padding rows on the last rank stay zero."""
     params = dict(model.named_parameters())
+    pending = QuantParts()
     with torch.no_grad():
         for param in (model.embed_tokens.weight, model.lm_head_weight):
             param.zero_()
         for name, tensor in tensors:
             target = plan[name]
+            if isinstance(tensor, QuantBlocks):
+                pending.add(target.param, target.row_start, tensor)
+                continue
             rows = tensor.shape[0]
             params[target.param][target.row_start : target.row_start + rows].copy_(tensor)
+    install_quantized(model, pending, activations)
     model.requires_grad_(False)
     model.eval()
 
@@ -134,6 +145,36 @@ def _check_full_shape(name: str, shape: tuple[int, ...], target: ShardTarget,
 
 
 # --- safetensors --------------------------------------------------------------------------
+
+
+def on_load_slice_problem(name: str, target: ShardTarget, cols: int, quantization: str,
+                          tp_size: int) -> str | None:
+    """Why this rank's columns of a matrix that `quantization` would quantize whole cannot be
+    quantized (None when they can, or when the matrix stays dense on one rank too)."""
+    qtype = quant_type(quantization)
+    if target.dim != 1 or not quantizable(target.full, qtype):
+        return None
+    if quantizable(target.stop - target.start, qtype) and target.start % qtype.block_elems == 0:
+        return None
+    return (f"tensor {name!r} has {target.full} columns; split over tp size {tp_size} each "
+            f"rank gets {cols}, not a multiple of the {qtype.block_elems}-weight "
+            f"{qtype.name} block; use a tp size whose slices are whole blocks or another "
+            "quantization")
+
+
+def _quantized_slices(
+    tensors: Iterator[tuple[str, torch.Tensor]], plan: dict[str, ShardTarget],
+    quantization: str, tp_size: int, source: str,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The slices as they are, after refusing one that would quantize only part of a
+    block."""
+    for name, tensor in tensors:
+        if is_layer_matrix(name, tensor):
+            problem = on_load_slice_problem(name, plan[name], tensor.shape[1], quantization,
+                                            tp_size)
+            if problem is not None:
+                raise ModelLoadError(f"{source}: {problem}")
+        yield name, tensor
 
 
 def _safetensors_slices(
@@ -165,7 +206,8 @@ def _safetensors_slices(
 
 
 def load_hf_shard(path: str | Path, shard: ModelShard, *, dtype: torch.dtype,
-                  device: torch.device | str) -> LoadedModel:
+                  device: torch.device | str, quantization: str | None = None,
+                  quant_activations: Activations = "int8") -> LoadedModel:
     from plugserve.model.loader_hf import read_arch, weight_files
     from plugserve.model.tokenizer import Tokenizer
 
@@ -178,7 +220,13 @@ def load_hf_shard(path: str | Path, shard: ModelShard, *, dtype: torch.dtype,
     model = TPCausalLM(arch, shard, dtype=dtype, device=device)
     plan = shard_plan(arch, shard)
     params = dict(model.named_parameters())
-    _fill(model, _safetensors_slices(files, plan, params, str(folder)), plan)
+    dense = _safetensors_slices(files, plan, params, str(folder))
+    slices: Iterator[tuple[str, torch.Tensor | QuantBlocks]] = dense
+    if quantizes_on_load(quantization):
+        assert quantization is not None
+        checked = _quantized_slices(dense, plan, quantization, shard.size, str(folder))
+        slices = quantized_stream(checked, quantization, str(folder))
+    _fill(model, slices, plan, quant_activations)
     tokenizer = Tokenizer.from_hf_folder(folder, eos_token_ids=arch.eos_token_ids)
     return LoadedModel(model=model, arch=arch, tokenizer=tokenizer, source=folder,
                        shard_arch=model.local_arch)
@@ -187,27 +235,31 @@ def load_hf_shard(path: str | Path, shard: ModelShard, *, dtype: torch.dtype,
 # --- GGUF ---------------------------------------------------------------------------------
 
 
-def gguf_slice_problem(name: str, tensor_type: Any, cols: int, start: int, stop: int) -> str | None:
+def gguf_slice_problem(name: str, tensor_type: Any, cols: int, start: int, stop: int,
+                       tp_size: int = 0) -> str | None:
     """Why columns [start, stop) of a `cols`-wide GGUF tensor row cannot be cut out without
     splitting a quantization block (None when they can)."""
     block, _ = gguf.GGML_QUANT_SIZES[tensor_type]
     if start % block == 0 and stop % block == 0:
         return None
+    split = f" split over tp size {tp_size}" if tp_size else ""
     return (f"tensor {name!r} is stored as {tensor_type.name} in blocks of {block} values, "
-            f"and this rank's columns [{start}, {stop}) of its {cols} do not start and end on a "
-            "block boundary; use a tensor-parallel size whose slices are whole blocks, or an "
-            "unquantized (F32/F16/BF16) or safetensors model")
+            f"and{split} this rank's columns [{start}, {stop}) of its {cols} do not start "
+            "and end on a block boundary; use a tensor-parallel size whose slices are whole "
+            "blocks, or an unquantized (F32/F16/BF16) or safetensors model")
 
 
-def _dequantize_slice(t: Any, target: ShardTarget, source: str) -> torch.Tensor:
-    """This rank's slice of a GGUF tensor as float32 in torch layout; only that slice of the
-    raw data is dequantized."""
+def _gguf_slice(t: Any, target: ShardTarget, source: str, tp_size: int,
+                keep: bool) -> torch.Tensor | QuantBlocks:
+    """This rank's slice of a GGUF tensor: its raw blocks for a kept type (when `keep`),
+    else float32 in torch layout; only that slice of the raw data is read."""
     data = t.data
     if target.dim == 0:
         data = data[target.start : target.stop]
     elif target.dim == 1:
         cols = int(t.shape[0])  # GGUF's first dimension is the row length
-        problem = gguf_slice_problem(t.name, t.tensor_type, cols, target.start, target.stop)
+        problem = gguf_slice_problem(t.name, t.tensor_type, cols, target.start, target.stop,
+                                     tp_size)
         if problem is not None:
             raise ModelLoadError(f"{source}: {problem}")
         block, type_size = gguf.GGML_QUANT_SIZES[t.tensor_type]
@@ -215,16 +267,30 @@ def _dequantize_slice(t: Any, target: ShardTarget, source: str) -> torch.Tensor:
             data = data[:, target.start : target.stop]
         else:
             data = data[:, target.start // block * type_size : target.stop // block * type_size]
+    qtype = kept_type(t.tensor_type)
+    if keep and qtype is not None and data.ndim == 2:
+        rows = data.shape[0]
+        cols = data.shape[1] // qtype.block_bytes * qtype.block_elems
+        raw = torch.from_numpy(np.ascontiguousarray(data))
+        return QuantBlocks(qtype, raw, rows, cols)
     values = gguf.quants.dequantize(np.ascontiguousarray(data), t.tensor_type)
     return torch.from_numpy(np.array(values, dtype=np.float32))
 
 
 def _gguf_slices(file: Any, arch: ModelArchConfig,
                  plan: dict[str, ShardTarget], params: dict[str, torch.Tensor],
-                 source: str) -> Iterator[tuple[str, torch.Tensor]]:
-    from plugserve.model.loader_gguf import ROPE_FREQS, hf_name, undo_rope_permutation
+                 source: str, tp_size: int, keep: bool,
+                 ) -> Iterator[tuple[str, torch.Tensor | QuantBlocks]]:
+    from plugserve.model.gguf_blocks import is_quantized
+    from plugserve.model.loader_gguf import (
+        ROPE_FREQS,
+        hf_name,
+        undo_rope_permutation,
+        warn_dequantized,
+    )
 
     unpermute = file.metadata.get("general.architecture") == "llama"
+    dequantized: dict[str, list[str]] = {}
     for t in file.reader.tensors:
         name = hf_name(t.name)
         if t.name == ROPE_FREQS or name not in plan:
@@ -232,27 +298,48 @@ def _gguf_slices(file: Any, arch: ModelArchConfig,
         target = plan[name]
         shape = tuple(int(n) for n in reversed(t.shape.tolist()))
         _check_full_shape(name, shape, target, params[target.param], source)
-        tensor = _dequantize_slice(t, target, source)
+        if keep and is_quantized(t) and kept_type(t.tensor_type) is None:
+            dequantized.setdefault(t.tensor_type.name, []).append(t.name)
+        tensor = _gguf_slice(t, target, source, tp_size, keep)
         kind = t.name.split(".")[2:3]
         if unpermute and kind in (["attn_q"], ["attn_k"]):  # whole heads: undo per head
-            tensor = undo_rope_permutation(tensor, tensor.shape[0] // arch.head_dim)
+            if isinstance(tensor, QuantBlocks):
+                heads = tensor.rows // arch.head_dim
+                data = undo_rope_permutation(tensor.data, heads).contiguous()
+                tensor = QuantBlocks(tensor.qtype, data, tensor.rows, tensor.cols)
+            else:
+                tensor = undo_rope_permutation(tensor, tensor.shape[0] // arch.head_dim)
         yield name, tensor
+    warn_dequantized(file.path, dequantized)
 
 
 def load_gguf_shard(path: str | Path, shard: ModelShard, *, dtype: torch.dtype,
-                    device: torch.device | str) -> LoadedModel:
+                    device: torch.device | str, quantization: str | None = None,
+                    quant_activations: Activations = "int8") -> LoadedModel:
     from plugserve.model.gguf_tokenizer import tokenizer_from_gguf
-    from plugserve.model.loader_gguf import ROPE_FREQS, hf_name, open_gguf, read_arch
+    from plugserve.model.loader_gguf import (
+        ROPE_FREQS,
+        hf_name,
+        keeps_blocks,
+        open_gguf,
+        read_arch,
+    )
 
     file = open_gguf(path)
     arch = read_arch(file)
     source = str(file.path)
+    if quantization not in (None, "none"):
+        raise ModelLoadError(
+            f"{source}: quantization {quantization!r} applies to HF model folders; a GGUF file "
+            "keeps the types it stores (or quantization 'none' dequantizes them)")
     check_tensor_names([hf_name(n) for n in file.tensor_names if n != ROPE_FREQS], arch, source)
     tokenizer = tokenizer_from_gguf(file.metadata, file.path)
     model = TPCausalLM(arch, shard, dtype=dtype, device=device)
     plan = shard_plan(arch, shard)
     params = dict(model.named_parameters())
-    _fill(model, _gguf_slices(file, arch, plan, params, source), plan)
+    keep = keeps_blocks(quantization, device)
+    _fill(model, _gguf_slices(file, arch, plan, params, source, shard.size, keep), plan,
+          quant_activations)
     return LoadedModel(model=model, arch=arch, tokenizer=tokenizer, source=file.path,
                        shard_arch=model.local_arch)
 
@@ -276,16 +363,19 @@ def model_arch(path: str | Path | None) -> ModelArchConfig:
 
 
 def load_shard(path: str | Path | None, shard: ModelShard, *, dtype: torch.dtype,
-               device: torch.device | str) -> LoadedModel:
+               device: torch.device | str, quantization: str | None = None,
+               quant_activations: Activations = "int8") -> LoadedModel:
     """`plugserve.model.load_model` for one rank of a tensor-parallel model."""
     from plugserve.model.default_model import default_model_path
 
+    opts: dict[str, Any] = {"quantization": quantization,
+                            "quant_activations": quant_activations}
     if path is None:
-        return load_hf_shard(default_model_path(), shard, dtype=dtype, device=device)
+        return load_hf_shard(default_model_path(), shard, dtype=dtype, device=device, **opts)
     resolved = Path(path).expanduser()
     if resolved.suffix.lower() == ".gguf":
-        return load_gguf_shard(resolved, shard, dtype=dtype, device=device)
-    return load_hf_shard(resolved, shard, dtype=dtype, device=device)
+        return load_gguf_shard(resolved, shard, dtype=dtype, device=device, **opts)
+    return load_hf_shard(resolved, shard, dtype=dtype, device=device, **opts)
 
 
 __all__ = ["ShardTarget", "gguf_slice_problem", "load_shard", "model_arch", "shard_plan"]

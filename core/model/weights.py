@@ -16,6 +16,9 @@ import torch
 from plugserve.model.arch import ModelArchConfig
 from plugserve.model.errors import ModelLoadError
 from plugserve.model.llama import CausalLM
+from plugserve.model.quant_install import QuantParts, install_quantized, quant_shape
+from plugserve.quant.blocks import QuantBlocks
+from plugserve.quant.reference import Activations
 
 # Tensors some checkpoints carry that the model recomputes or does not need.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -108,13 +111,16 @@ def check_tensor_names(names: Iterable[str], arch: ModelArchConfig, source: str)
 
 
 def load_weights(
-    model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], source: str
+    model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor | QuantBlocks]], source: str,
+    activations: Activations = "int8",
 ) -> None:
-    """Copy every (HF name, tensor) into `model`; afterwards every parameter must be filled."""
+    """Copy every (HF name, tensor) into `model`; afterwards every parameter must be filled.
+    Quantized tensors (`QuantBlocks`) are held as they are (`install_quantized`)."""
     plan = weight_plan(model.arch)
     params = dict(model.named_parameters())
     seen: set[str] = set()
     unexpected: set[str] = set()
+    pending = QuantParts()
     with torch.no_grad():
         for name, tensor in tensors:
             target = plan.get(name)
@@ -125,13 +131,18 @@ def load_weights(
             param = params[target.param]
             rows = param.shape[0] if target.rows is None else target.rows
             expected = (rows, *param.shape[1:])
-            if tuple(tensor.shape) != expected:
+            shape = quant_shape(tensor)
+            if shape != expected:
                 raise ModelLoadError(
-                    f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, but the config "
+                    f"{source}: tensor {name!r} has shape {shape}, but the config "
                     f"needs {expected}"
                 )
-            param[target.row_start : target.row_start + rows].copy_(tensor)
+            if isinstance(tensor, QuantBlocks):
+                pending.add(target.param, target.row_start, tensor)
+            else:
+                param[target.row_start : target.row_start + rows].copy_(tensor)
             seen.add(name)
     _raise_if_incomplete(set(plan) - seen, unexpected, source)
+    install_quantized(model, pending, activations)
     model.requires_grad_(False)
     model.eval()

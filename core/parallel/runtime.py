@@ -62,8 +62,11 @@ class RankMemory:
 
     @classmethod
     def of(cls, model: torch.nn.Module, kv_pool: Any, kv_pool_slots: int) -> RankMemory:
-        weights = sum(t.numel() * t.element_size()
-                      for t in [*model.parameters(), *model.buffers()])
+        from plugserve.model.weight_bytes import weight_bytes
+
+        # quantized weights as their blocks; the buffers (rope tables) as well
+        weights = weight_bytes(model) + sum(t.numel() * t.element_size()
+                                            for t in model.buffers())
         kv = sum(t.numel() * t.element_size()
                  for t in [*kv_pool.k_buffer.values(), *kv_pool.v_buffer.values()])
         return cls(weights, kv, kv_pool_slots)

@@ -42,6 +42,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     model_path = engine.config.model
     model_id = served_model_id(model_path, settings.served_model_name)
     metrics = ServerMetrics(model_id)
+    metrics.weight_bytes.set(getattr(engine, "weight_bytes", 0))
     loop = EngineLoop(engine, max_waiting=settings.max_waiting, metrics=metrics)
     state = ServerState(loop, settings, model_id, aliases=(model_path,) if model_path else ())
     shutdown = GracefulShutdown(state, settings.shutdown_timeout_s)
@@ -54,7 +55,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
         shutdown.loop = asyncio.get_running_loop()
         loop.start()
         metrics.set_engine_up(True)
-        log.info("serving %s (context %d tokens)", model_id, loop.context_len)
+        log.info("serving %s (context %d tokens, weights %.1f MiB)", model_id,
+                 loop.context_len, getattr(engine, "weight_bytes", 0) / (1 << 20))
         try:
             yield
         finally:

@@ -72,6 +72,8 @@ class ServerMetrics:
                                "engine_step and publish (wall), engine_thread_cpu; "
                                "process_cpu is the whole process's CPU", ["part"], registry=r)
         self.info = Gauge("plugserve_model_info", "The served model", ["model"], registry=r)
+        self.weight_bytes = Gauge("plugserve_weight_bytes", "Resident bytes of the model's "
+                                  "weights (quantized ones as their blocks)", registry=r)
         self.info.labels(model=model_id).set(1)
         self.memory_whole.set(1)
 

@@ -15,11 +15,14 @@ def random_prompts(n: int, vocab: int, lo: int, hi: int, seed: int = 0) -> list[
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
-def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new: list[int]) -> list[list[int]]:
-    """Greedy continuations from transformers, one prompt at a time, fp32, no EOS stop."""
+def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new: list[int],
+              gguf_file: str | None = None) -> list[list[int]]:
+    """Greedy continuations from transformers, one prompt at a time, fp32, no EOS stop.
+    With `gguf_file` (a file in `model_dir`) transformers loads that GGUF, dequantized."""
     from transformers import AutoModelForCausalLM
 
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    extra: dict[str, Any] = {} if gguf_file is None else {"gguf_file": gguf_file}
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **extra)
     model.eval()
     out = []
     with torch.inference_mode():

@@ -290,11 +290,14 @@ def gguf_name(hf: str) -> str:
 
 
 def write_tiny_gguf(
-    hf_model: Any, path: Path, *, quant: str = "F32", rope_freqs: torch.Tensor | None = None
+    hf_model: Any, path: Path, *, quant: str = "F32", rope_freqs: torch.Tensor | None = None,
+    raw: dict[str, tuple[Any, Any]] | None = None,
 ) -> None:
     """Write `hf_model` (a tiny model from `tiny_hf_model`) as llama.cpp would: GGUF names,
     q/k rows interleaved for the "llama" architecture, metadata and a byte-level tokenizer.
-    quant "Q8_0" stores the matrices 8-bit quantized (norms and biases stay F32)."""
+    quant "Q8_0" (or any type `gguf.quants.quantize` writes) stores the matrices quantized
+    (norms and biases stay F32). `raw` {gguf name: (uint8 blocks, GGML type)} stores those
+    tensors' bytes as given instead."""
     import gguf
 
     config = hf_model.config
@@ -336,8 +339,11 @@ def write_tiny_gguf(
         if arch == "llama" and ".k_proj." in name:
             data = rope_interleave(data, config.num_key_value_heads)
         array = data.numpy()
-        if quant == "Q8_0" and array.ndim == 2:
-            qtype = gguf.GGMLQuantizationType.Q8_0
+        if raw is not None and gguf_name(name) in raw:
+            blocks, raw_type = raw[gguf_name(name)]
+            writer.add_tensor(gguf_name(name), blocks, raw_dtype=raw_type)
+        elif quant != "F32" and array.ndim == 2:
+            qtype = getattr(gguf.GGMLQuantizationType, quant)
             writer.add_tensor(gguf_name(name), gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(gguf_name(name), array)

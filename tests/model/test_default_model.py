@@ -85,14 +85,19 @@ def test_default_model_answers_sensibly(smollm2: LoadedModel) -> None:
 
 @pytest.mark.slow
 def test_default_model_gguf_and_converted_folder_agree(smollm2: LoadedModel) -> None:
-    direct = load_model(str(default_gguf_path()), dtype=torch.float32, device="cpu")
+    direct = load_model(str(default_gguf_path()), dtype=torch.float32, device="cpu",
+                        quantization="none")  # dequantized on load, as the conversion does
+    kept = load_model(str(default_gguf_path()), dtype=torch.float32, device="cpu",
+                      quant_activations="float")  # the Q4_1 blocks kept
     prompt = smollm2.tokenizer.encode("The quick brown fox")
     assert direct.tokenizer.encode("The quick brown fox") == prompt
     logits = [
         PagedRunner(m.model, 1, page_size=4, max_len=32).prefill([prompt]).logits
-        for m in (smollm2, direct)
+        for m in (smollm2, direct, kept)
     ]
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
+    # the same values multiplied in another order
+    torch.testing.assert_close(logits[2], logits[1], rtol=0, atol=2e-3)
 
 
 @pytest.mark.slow

@@ -29,7 +29,9 @@ Models = dict[str, tuple[Path, Any]]
 
 
 def _logits(path: Path, prompts: list[list[int]]) -> torch.Tensor:
-    model = load_model(str(path), dtype=torch.float32, device="cpu").model
+    # float activations: the kept Q8_0 blocks multiply as their dequantized values
+    model = load_model(str(path), dtype=torch.float32, device="cpu",
+                       quant_activations="float").model
     return PagedRunner(model, len(prompts), page_size=4).prefill(prompts).logits
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -66,11 +67,11 @@ def _reassembled(shards: list[TPCausalLM], name: str, dim: int) -> torch.Tensor:
     return torch.cat([dict(s.named_parameters())[name] for s in shards], dim=dim)
 
 
-def assert_shards_make_the_model(path: Path, tp: int) -> None:
-    whole = load_model(str(path), dtype=torch.float32, device="cpu").model
+def assert_shards_make_the_model(path: Path, tp: int, **options: Any) -> None:
+    whole = load_model(str(path), dtype=torch.float32, device="cpu", **options).model
     arch = whole.arch
     shards = [load_shard(str(path), ModelShard(r, tp, arch), dtype=torch.float32,
-                         device="cpu").model for r in range(tp)]
+                         device="cpu", **options).model for r in range(tp)]
     assert all(isinstance(s, TPCausalLM) for s in shards)
     params = dict(whole.named_parameters())
     hd, q, kv = arch.head_dim, arch.q_size, arch.kv_size
@@ -137,7 +138,8 @@ def test_quantized_gguf_columns_must_split_at_block_boundaries(tmp_path: Path) -
     arch = load_model(str(path), dtype=torch.float32, device="cpu").arch
     # o_proj's 64 input columns split into whole 32-value blocks; down_proj's 96 do not
     with pytest.raises(ModelLoadError, match=r"model.gguf: tensor 'blk.0.ffn_down.weight' is stored as Q8_0 "
-                       r"in blocks of 32 values, and this rank's columns \[0, 48\) of its 96"):
+                       r"in blocks of 32 values, and split over tp size 2 this rank's columns "
+                       r"\[0, 48\) of its 96"):
         load_shard(str(path), ModelShard(0, 2, arch), dtype=torch.float32, device="cpu")
 
 
@@ -145,4 +147,5 @@ def test_quantized_gguf_shards_dequantized_per_rank(tmp_path: Path) -> None:
     hf = tiny_hf_model("llama", tmp_path / "hf", intermediate_size=128)
     path = tmp_path / "model.gguf"
     write_tiny_gguf(hf, path, quant="Q8_0")  # every split is 32-value blocks at tp 2
-    assert_shards_make_the_model(path, 2)
+    # quantization "none": dequantized (kept blocks: tests/parallel/test_tp_quantized.py)
+    assert_shards_make_the_model(path, 2, quantization="none")

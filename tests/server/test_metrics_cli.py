@@ -45,6 +45,9 @@ def test_metrics_after_requests(server: BackgroundServer, http: httpx.Client) ->
     steps = next(float(row.split()[-1]) for row in text.splitlines()
                  if row.startswith("plugserve_checker_steps_checked "))
     assert steps > 0  # the checker proved the busy steps of these requests
+    weights = next(float(row.split()[-1]) for row in text.splitlines()
+                   if row.startswith("plugserve_weight_bytes "))
+    assert weights == server.engine_loop.engine.weight_bytes > 0
 
 
 def test_health(http: httpx.Client) -> None:
@@ -76,6 +79,7 @@ def test_serve_command_stops_on_signal(tiny_model_dir: Path, sig: signal.Signals
             proc.communicate()
     assert proc.returncode == 0, err
     assert f"serving {tiny_model_dir.name} on http://127.0.0.1:{port}/v1" in err
+    assert " MiB of weights; Ctrl-C stops)" in err  # the resident weight bytes
     assert "stopped; memory whole at idle: yes" in err
     assert "Traceback" not in err
 

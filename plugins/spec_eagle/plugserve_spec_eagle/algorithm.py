@@ -54,7 +54,9 @@ class EagleAlgorithm(SpecAlgorithm):
 
         ctx = self.ctx
         path = self.config.draft_model or default_head_dir()
-        head = load_head(path, ctx.target, dtype=ctx.dtype, device=ctx.device)
+        head = load_head(path, ctx.target, dtype=ctx.dtype, device=ctx.device,
+                         quantization=self.config.quantization,
+                         quant_activations=self.config.quant_activations)
         hc = head.config
         pool = KVPool(
             num_pages=ctx.num_pages, page_size=self.config.page_size, layer_ids=[0],

@@ -35,7 +35,9 @@ from plugserve.model.arch import ModelArchConfig
 from plugserve.model.errors import ModelLoadError
 from plugserve.model.layers import Device, Linear, linear
 from plugserve.model.llama import CausalLM, DecoderLayer
+from plugserve.model.quant_on_load import quantize_layers, quantizes_on_load
 from plugserve.model.rope import RotaryEmbedding
+from plugserve.quant.reference import Activations
 from plugserve.structs.forward_batch import ForwardBatch
 from plugserve_spec_eagle.tp_vocab import DraftVocabShard
 
@@ -235,7 +237,7 @@ class EagleHead(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.fc.weight.device
+        return self.d2t.device  # fc.weight is a placeholder once quantized
 
     @property
     def attention_layer(self) -> AttentionLayer:
@@ -274,7 +276,7 @@ class EagleHead(nn.Module):
         self._draft_lm_weight = self._select_lm_weight()
 
     def _select_lm_weight(self) -> torch.Tensor:
-        weight = self.target.lm_head_weight.detach()
+        weight = self.target.dense_lm_head_weight().detach()
         shard = getattr(self.target, "shard", None)  # a tensor-parallel target's rank
         if shard is not None:
             ids = self.d2t if self.config.reduced_vocab else torch.arange(
@@ -384,9 +386,11 @@ def save_head(head: EagleHead, folder: str | Path, dtype: str = "bfloat16") -> P
 
 def load_head(
     folder: str | Path, target: CausalLM, *, dtype: torch.dtype = torch.float32,
-    device: Device = "cpu",
+    device: Device = "cpu", quantization: str | None = None,
+    quant_activations: Activations = "int8",
 ) -> EagleHead:
-    """Read a head saved by `save_head` for `target`; errors name the path and the problem."""
+    """Read a head saved by `save_head` for `target`; errors name the path and the problem.
+    `quantization` q8_0 / q4_0 / q4_k quantizes its matrices after loading."""
     root = Path(folder).expanduser()
     if not root.is_dir():
         raise EagleHeadLoadError(f"{root}: EAGLE head folder does not exist (or is not a folder)")
@@ -423,4 +427,10 @@ def load_head(
         head.set_d2t(d2t)
     except ValueError as exc:
         raise EagleHeadLoadError(f"{weights}: {exc}") from exc
+    if quantizes_on_load(quantization):
+        assert quantization is not None
+        try:
+            quantize_layers(head, quantization, quant_activations, str(root))
+        except ModelLoadError as exc:
+            raise EagleHeadLoadError(str(exc)) from exc
     return head
