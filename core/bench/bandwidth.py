@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 GB = 1e9
+BANDWIDTH_MIB = 1024  # the probe's buffer: far past the last-level cache
 
 
 def best_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -28,11 +29,12 @@ def best_seconds(fn: Callable[[], object], repeats: int) -> float:
     return best
 
 
-def measure_bandwidth(mib: int = 1024, repeats: int = 5) -> dict[str, float]:
-    """Read and copy bandwidth of a `mib` MiB float32 buffer (GB/s, 1e9 bytes)."""
+def measure_bandwidth(mib: int | None = None, repeats: int = 5) -> dict[str, float]:
+    """Read and copy bandwidth of a `mib` MiB (default BANDWIDTH_MIB) float32 buffer (GB/s,
+    1e9 bytes)."""
     import torch
 
-    n = mib * 2**20 // 4
+    n = (mib or BANDWIDTH_MIB) * 2**20 // 4
     src = torch.ones(n, dtype=torch.float32)
     dst = torch.empty_like(src)
     nbytes = src.numel() * src.element_size()

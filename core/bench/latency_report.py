@@ -22,13 +22,9 @@ def _ratio(value: Any) -> str:
 def latency_table(report: dict[str, Any]) -> Any:
     from rich.table import Table
 
-    work, mine = report["workload"], report["latency"]["plugserve"]
-    theirs = report.get("llamacpp")
+    mine, theirs = report["latency"]["plugserve"], report.get("llamacpp")
     roofline = report["roofline"]
-    title = (f"latency: batch {work['batch_size']}, {work['input_len']} prompt + "
-             f"{work['output_len']} output tokens, greedy, EOS ignored; {work['num_iters']} "
-             f"timed iterations after {work['num_iters_warmup']}; {work['threads']} threads")
-    table = Table("", "plugserve", title=title)
+    table = Table("", "plugserve")
     if theirs is not None:
         table.add_column(f"llama.cpp {theirs.get('llama_cpp_version', '')} (batch 1)")
         table.add_column("plugserve / llama.cpp")
@@ -58,8 +54,12 @@ def print_latency(report: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
 
     console = console or Console(width=None if sys.stdout.isatty() else 160)
-    console.print(latency_table(report))
     say = lambda text: console.print(text, highlight=False)  # noqa: E731
+    work = report["workload"]
+    say(f"latency: batch {work['batch_size']}, {work['input_len']} prompt + "
+        f"{work['output_len']} output tokens, greedy, EOS ignored; {work['num_iters']} timed "
+        f"iterations after {work['num_iters_warmup']}; {work['threads']} threads")
+    console.print(latency_table(report))
     mine = report["latency"]["plugserve"]
     pcts = ", ".join(f"{k} {_num(v, 3)}" for k, v in mine["percentiles_s"].items())
     say(f"plugserve latency percentiles (s): {pcts}")

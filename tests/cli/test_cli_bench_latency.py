@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from gguf import GGUFReader
 
 from plugserve.bench.latency import LatencyOptions, make_prompts
 from plugserve.bench.llamacpp import DRIVER, SETUP_HINT
@@ -101,6 +102,10 @@ def make_interpreter(folder: Path, with_llama_cpp: bool = True) -> Path:
 
 @pytest.fixture(autouse=True)
 def _clean_fake_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import plugserve.bench.bandwidth
+
+    # The probe's buffer, 1 GiB by default, is seconds of work per reading on a busy machine.
+    monkeypatch.setattr(plugserve.bench.bandwidth, "BANDWIDTH_MIB", 64)
     for name in ("FAKE_LLAMA_FAIL", "FAKE_LLAMA_TOKENS", "FAKE_LLAMA_RECORD",
                  "FAKE_LLAMA_VOCAB"):
         monkeypatch.delenv(name, raising=False)
@@ -156,7 +161,7 @@ def test_bench_latency_json(cli: Callable[..., Any], tiny_model_dir: Path) -> No
     for latency, prefill, decode in zip(mine["latency_s"], mine["prefill_s"],
                                         mine["decode_s"], strict=True):
         assert 0 < prefill < latency and 0 < decode < latency
-        assert prefill + decode == pytest.approx(latency, rel=0.05, abs=0.01)
+        assert prefill + decode <= latency  # both inside the timed window
     rates = sorted(2 * 8 / d for d in mine["decode_s"])
     assert rates[0] <= mine["decode_tok_per_s"] <= rates[-1]
     assert set(mine["percentiles_s"]) == {"p10", "p25", "p50", "p75", "p90", "p99"}
@@ -304,8 +309,10 @@ def test_compare_llamacpp_same_file_prompt_threads_and_agreement(
     mine = json.loads(alone.stdout)["latency"]["plugserve"]
     assert len(mine["first_tokens"]) == 32
     # The stand-in replays the engine's greedy tokens with the sixth one changed.
+    vocab = len_vocab(tiny_gguf.parent / "hf")
+    monkeypatch.setenv("FAKE_LLAMA_VOCAB", str(vocab))
     replay = [*mine["first_tokens"], 0, 0]
-    replay[5] = (replay[5] + 1) % 256
+    replay[5] = (replay[5] + 1) % vocab
     (tmp_path / "replay.json").write_text(json.dumps(replay))
     record = tmp_path / "received.json"
     monkeypatch.setenv("FAKE_LLAMA_TOKENS", str(tmp_path / "replay.json"))
@@ -334,18 +341,21 @@ def test_compare_llamacpp_same_file_prompt_threads_and_agreement(
                                               / theirs["prefill_tok_per_s"])
     roofline, bandwidth = report["roofline"], report["bandwidth"]
     assert roofline["source"] == "gguf tensors" and roofline["file"] == str(tiny_gguf)
-    from gguf import GGUFReader
 
-    assert roofline["bytes_per_token"] == sum(int(t.n_bytes)
-                                              for t in GGUFReader(str(tiny_gguf)).tensors)
-    assert roofline["tensor_types"] == {"F32": len(GGUFReader(str(tiny_gguf)).tensors)}
+    tensors = {t.name: t for t in GGUFReader(str(tiny_gguf)).tensors}
+    embed = tensors["token_embd.weight"]  # untied: a step reads one row of it
+    assert "output.weight" in tensors
+    assert roofline["bytes_per_token"] == sum(int(t.n_bytes) for t in tensors.values()) - int(
+        embed.n_bytes) + int(embed.n_bytes) // int(embed.shape[1])
+    assert roofline["tensor_types"] == {"F32": len(tensors)}
     assert len(bandwidth["read_gb_s_readings"]) == 3  # before, after the engine, after llama.cpp
     bound = bandwidth["read_gb_s"] * 1e9 / roofline["bytes_per_token"]
     assert roofline["llamacpp"] == pytest.approx(theirs["decode_tok_per_s"] / bound)
 
 
-def test_compare_llamacpp_table(cli: Callable[..., Any], tiny_gguf: Path,
-                                tmp_path: Path) -> None:
+def test_compare_llamacpp_table(cli: Callable[..., Any], tiny_gguf: Path, tmp_path: Path,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_VOCAB", str(len_vocab(tiny_gguf.parent / "hf")))
     python = make_interpreter(tmp_path / "venv")
     run = cli("bench", "latency", "--input-len", "8", "--output-len", "6", "--num-iters", "1",
               "--batch-size", "2", "--model", str(tiny_gguf), "--compare", "llamacpp",
@@ -355,7 +365,8 @@ def test_compare_llamacpp_table(cli: Callable[..., Any], tiny_gguf: Path,
     assert "llama.cpp 0.0.fake (batch 1)" in out and "plugserve / llama.cpp" in out
     assert "llama.cpp ran batch 1; plugserve batch 2" in out
     assert "first 32 greedy tokens (plugserve request 0 / llama.cpp): " in out
-    assert "from the gguf tensors (1" in out  # the tensor count per type
+    count = len(GGUFReader(str(tiny_gguf)).tensors)
+    assert f"from the gguf tensors ({count} F32) at " in out
 
 
 def test_driver_failure_is_one_line_with_its_log(
