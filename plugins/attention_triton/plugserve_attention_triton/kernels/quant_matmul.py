@@ -137,13 +137,15 @@ def _quant_matmul_kernel(
 
 
 def quant_matmul_tiles(arch: int | None, dtype: torch.dtype, rows: int) -> dict[str, int]:
-    """BLOCK_M/N/K and launch options: decode-sized rows (at most 16) take a 16-row tile and
-    a long K slice; more rows a square tile. fp32 multiplies on the FMA units: smaller tiles.
-    The interpreter takes large tiles (fewer programs)."""
+    """BLOCK_M/N/K and launch options: decode-sized rows (at most 16) take a 16-row tile;
+    more rows a square tile. fp32 multiplies on the FMA units: smaller tiles. Each fits the
+    registers without spills (the CUDA compile check). The interpreter takes large tiles
+    (fewer programs)."""
     if arch is None:
         return {"BLOCK_M": 16 if rows <= 16 else 32, "BLOCK_N": 32, "BLOCK_K": 64}
-    if rows <= MIN_DOT_DIM:
-        tile = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4}
+    if rows <= MIN_DOT_DIM:  # 16 x 32 x 128 spilled (Q6_K, and every fp32 type)
+        k_slice = 32 if dtype == torch.float32 else 64
+        tile = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": k_slice, "num_warps": 4}
     elif dtype == torch.float32:
         tile = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4}
     else:
