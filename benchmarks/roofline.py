@@ -31,37 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-GB = 1e9
-
-
-def best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up (page faults, thread pool)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def measure_bandwidth(mib: int, repeats: int) -> dict[str, float]:
-    n = mib * 2**20 // 4
-    src = torch.ones(n, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    nbytes = src.numel() * src.element_size()
-    read = best_seconds(lambda: src.sum(), repeats)
-    copy = best_seconds(lambda: dst.copy_(src), repeats)
-    return {
-        "buffer_bytes": nbytes,
-        "read_gb_s": nbytes / read / GB,
-        "copy_gb_s": 2 * nbytes / copy / GB,  # read + write
-    }
+from plugserve.bench.bandwidth import GB, best_seconds, measure_bandwidth, weight_bytes
 
 
 def measure_gemv(rows: int, cols: int, dtype: torch.dtype, repeats: int) -> float:
@@ -74,33 +48,6 @@ def measure_gemv(rows: int, cols: int, dtype: torch.dtype, repeats: int) -> floa
     with torch.inference_mode():
         seconds = best_seconds(lambda: linear(x, weight, None), max(repeats, 20))
     return weight.numel() * weight.element_size() / seconds / GB
-
-
-def weight_bytes(model: Any) -> tuple[int, bool]:
-    """Bytes a decode step reads from the weights, and whether the matmuls upcast to fp32.
-    A quantized weight reads its blocks."""
-    from plugserve.model.layers import multiplies_as_stored
-    from plugserve.model.quant_weight import WeightHolder
-
-    embed = model.embed_tokens.weight
-    tied = getattr(model, "lm_head", None) is None
-    total, upcast = 0, False
-    for holder in model.modules():
-        if isinstance(holder, WeightHolder) and holder.quant is not None:
-            rows = holder.weight.shape[0]
-            held = holder.resident_bytes()
-            total += held // rows if holder.weight is embed and not tied else held
-    for param in model.parameters():
-        if param.device.type == "meta":  # quantized: counted as its blocks above
-            continue
-        if param is embed and not tied:
-            total += param.shape[-1] * param.element_size()  # one row looked up
-            continue
-        size = param.element_size()
-        if param.dim() == 2 and not multiplies_as_stored(param):
-            size, upcast = 4, True  # the matmul reads its float32 copy
-        total += param.numel() * size
-    return total, upcast
 
 
 def kv_bytes_per_token(engine: Any) -> int:

@@ -9,6 +9,8 @@ TITLES = {
     "throughput": "offline throughput ({num_seqs} seqs, greedy, EOS ignored)",
     "shared-prefix": "shared prefix ({groups} groups x {prompts_per_group} prompts, prefix "
     "{prefix_len} + question {question_len} tokens, {output_len} out)",
+    "latency": "latency (batch {batch_size}, {input_len} prompt + {output_len} output tokens; "
+    "the median of {num_iters} iterations)",
     "spec": "speculative decoding ({prompts} chat prompts, {output_len} tokens each)",
 }
 

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from plugserve.bench import long_context, prefill, sessions, shared_prefix, spec, throughput
+from plugserve.bench import (
+    latency,
+    long_context,
+    prefill,
+    sessions,
+    shared_prefix,
+    spec,
+    throughput,
+)
 
 if TYPE_CHECKING:
     from plugserve.bench.hf import Comparison
@@ -52,6 +60,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload(sessions, "multi-turn conversations; streaming sessions vs re-sent history"),
         Workload(long_context, "long prompts on a hybrid SWA model; SWA pools vs one pool"),
         Workload(prefill, "prompts of one length, one output token: prefill speed"),
+        Workload(latency, "one batch of fixed lengths, timed iterations: prefill and decode"),
     )
 }
 

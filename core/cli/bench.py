@@ -13,12 +13,15 @@ from typing import Annotated, Any
 import typer
 
 from plugserve.cli.bench_options import (
+    add_llamacpp_run,
     add_vllm_run,
     bench_workload_options,
     check_plot_path,
+    checked_llamacpp,
     checked_vllm,
     parse_compare,
     refuse_foreign_options,
+    refuse_under_torchrun,
 )
 from plugserve.cli.errors import UsageError, reported_errors
 from plugserve.cli.logs import stderr_logging
@@ -55,8 +58,8 @@ def bench_command(
         str,
         typer.Argument(
             metavar="WORKLOAD",
-            help="throughput (default), prefill, shared-prefix, spec, sessions, long-context or "
-            "serving.",
+            help="throughput (default), prefill, latency, shared-prefix, spec, sessions, "
+            "long-context or serving.",
             show_default=False,
         ),
     ] = "throughput",
@@ -120,7 +123,8 @@ def bench_command(
     output_len: Annotated[
         int | None,
         typer.Option(help="shared-prefix: output tokens O (default 32); spec: new tokens "
-                     "N (default 64); serving: output tokens per request (default 64)."),
+                     "N (default 64); serving: output tokens per request (default 64); "
+                     "latency: output tokens per sequence (default 128)."),
     ] = None,
     spec_prompts: Annotated[
         int | None, typer.Option(help="spec: chat prompts used (default 8).")
@@ -161,8 +165,17 @@ def bench_command(
                      "(default random)."),
     ] = None,
     input_len: Annotated[
-        int | None, typer.Option(help="serving: random prompt tokens (default 128); prefill: "
-                                 "tokens per prompt (default 1024).")
+        int | None, typer.Option(help="serving, latency: random prompt tokens (default 128); "
+                                 "prefill: tokens per prompt (default 1024).")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="latency: sequences in the batch (default 1).")
+    ] = None,
+    num_iters: Annotated[
+        int | None, typer.Option(help="latency: timed iterations (default 3).")
+    ] = None,
+    num_iters_warmup: Annotated[
+        int | None, typer.Option(help="latency: untimed iterations first (default 1).")
     ] = None,
     goodput: Annotated[
         str | None,
@@ -172,7 +185,7 @@ def bench_command(
     compare: Annotated[
         str | None,
         typer.Option(help="Also time another implementation: transformers, vllm, or both "
-                     "(transformers,vllm)."),
+                     "(transformers,vllm); latency: llamacpp."),
     ] = None,
     hf_batch_sizes: Annotated[
         str, typer.Option(help="Batch sizes tried for transformers; the best counts.")
@@ -181,6 +194,12 @@ def bench_command(
         Path | None,
         typer.Option(metavar="PATH", help="--compare vllm: the Python interpreter that has "
                      "vLLM (benchmarks/setup_vllm.sh makes .venv-vllm/bin/python)."),
+    ] = None,
+    llamacpp_python: Annotated[
+        Path | None,
+        typer.Option(metavar="PATH", help="--compare llamacpp: the Python interpreter that has "
+                     "llama-cpp-python (benchmarks/setup_llamacpp.sh makes "
+                     ".venv-llamacpp/bin/python)."),
     ] = None,
     plot: Annotated[
         Path | None,
@@ -197,6 +216,11 @@ def bench_command(
                    9,536 prompt / 8,224 output tokens)
     prefill        N prompts of L random tokens (default one of 1,024), one
                    output token each: prefill speed (input tok/s)
+    latency        one batch of B prompts of I random tokens, O output tokens
+                   each, timed --num-iters times (vLLM's bench latency): mean
+                   latency and percentiles, prefill and decode tok/s, the share
+                   of the (quantized) roofline; --compare llamacpp runs the same
+                   GGUF file and prompt through llama.cpp (batch 1, same threads)
     shared-prefix  G groups x P prompts, each a shared S-token prefix + a Q-token
                    question; run with the radix cache and without
     spec           chat prompts; plain vs EAGLE chain (3 steps) vs tree (topk 4,
@@ -249,7 +273,8 @@ def bench_command(
                 "spec_prompts": spec_prompts, "sessions": sessions, "turns": turns,
                 "turn_input_len": turn_input_len, "turn_output_len": turn_output_len,
                 "background_prompts": background_prompts, "background_len": background_len,
-                "structured": structured,
+                "structured": structured, "batch_size": batch_size, "num_iters": num_iters,
+                "num_iters_warmup": num_iters_warmup, "llamacpp_python": llamacpp_python,
             }
             serving_values.update(num_seqs=num_seqs, output_len=output_len, seed=seed)
             from plugserve.cli.bench_serving import run_serving
@@ -293,6 +318,9 @@ def bench_command(
             "turn_output_len": turn_output_len,
             "background_prompts": background_prompts,
             "background_len": background_len,
+            "batch_size": batch_size,
+            "num_iters": num_iters,
+            "num_iters_warmup": num_iters_warmup,
             **serving_values,
         }
         refuse_foreign_options(chosen.name, chosen.engine_fields_set, engine_values,
@@ -318,7 +346,7 @@ def bench_command(
             options = plugin or []
             host = checked_plugin_host(options, config, debug)
             refuse_under_torchrun(config)
-            compared = parse_compare(compare, vllm_python)
+            compared = parse_compare(compare, vllm_python, llamacpp_python, chosen.name)
             try:
                 batch_sizes = tuple(
                     int(part) for part in hf_batch_sizes.split(",") if part.strip()
@@ -343,12 +371,16 @@ def bench_command(
                         + "; ".join(reasons)
                     )
             vllm = checked_vllm(vllm_python, config, chosen.name) if "vllm" in compared else None
+            llamacpp = checked_llamacpp(llamacpp_python, config) if "llamacpp" in compared \
+                else None
             runner = Runner(config, tuple(options), console=stderr_console(),
                             show_progress=not json_out)
             with runner.session():
                 report = chosen.run(runner, workload_options, comparison)
                 if vllm is not None:
                     add_vllm_run(report, vllm, runner)
+                if llamacpp is not None:
+                    add_llamacpp_run(report, llamacpp, runner)
             if plot is not None:
                 report["plot"] = str(write_plot(report, plot))
             if json_out:
@@ -363,15 +395,6 @@ def bench_command(
                     tables(report)
                 if plot is not None:
                     typer.echo(f"plot written to {report['plot']}", err=True)
-
-
-def refuse_under_torchrun(config: Any) -> None:
-    """A benchmark starts several engines one after the other; torchrun's ranks follow one."""
-    import os
-
-    if config.tp_size > 1 and os.environ.get("RANK") is not None:
-        raise UsageError("bench starts several engines and cannot run under torchrun; run it "
-                         "without torchrun: --tp N starts the ranks on this machine")
 
 
 def write_plot(report: dict[str, Any], path: Path) -> Path:

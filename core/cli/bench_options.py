@@ -21,6 +21,8 @@ WORKLOAD_OPTIONS: dict[str, tuple[str, ...]] = {
     "sessions": ("sessions", "turns", "turn_input_len", "turn_output_len", "seed",
                  "background_prompts", "background_len"),
     "long-context": ("num_seqs", "output_len", "seed"),
+    "latency": ("batch_size", "input_len", "output_len", "num_iters", "num_iters_warmup",
+                "seed"),
 }
 
 
@@ -68,6 +70,10 @@ def bench_workload_options(workload: str, values: dict[str, Any]) -> Any:
         from plugserve.bench.long_context import LongContextOptions
 
         return LongContextOptions(**given)
+    if workload == "latency":
+        from plugserve.bench.latency import LatencyOptions
+
+        return LatencyOptions(**given)
     if workload == "sessions":
         from plugserve.bench.sessions import SessionsOptions
 
@@ -104,11 +110,15 @@ def check_plot_path(path: Path | None) -> None:
         raise UsageError(f"--plot {str(path)!r} cannot be written: {problem}")
 
 
-COMPARISONS = ("transformers", "vllm")
+COMPARISONS = ("transformers", "vllm", "llamacpp")
 
 
-def parse_compare(compare: str | None, vllm_python: Path | None) -> tuple[str, ...]:
-    """`--compare transformers,vllm`: the implementations to time besides the engine."""
+def parse_compare(compare: str | None, vllm_python: Path | None,
+                  llamacpp_python: Path | None = None, workload: str = "throughput",
+                  ) -> tuple[str, ...]:
+    """`--compare transformers,vllm` (or `llamacpp` for bench latency): the implementations
+    to time besides the engine, each with its interpreter where it needs one."""
+    from plugserve.bench.llamacpp import SETUP_HINT as LLAMACPP_HINT
     from plugserve.bench.vllm import SETUP_HINT
 
     chosen = tuple(part.strip() for part in (compare or "").split(",") if part.strip())
@@ -121,7 +131,43 @@ def parse_compare(compare: str | None, vllm_python: Path | None) -> tuple[str, .
                          f"{SETUP_HINT}")
     if vllm_python is not None and "vllm" not in chosen:
         raise UsageError("--vllm-python applies only with --compare vllm")
+    if "llamacpp" in chosen and llamacpp_python is None:
+        raise UsageError(f"--compare llamacpp needs --llamacpp-python PATH, an interpreter "
+                         f"with llama-cpp-python: {LLAMACPP_HINT}")
+    if llamacpp_python is not None and "llamacpp" not in chosen:
+        raise UsageError("--llamacpp-python applies only with --compare llamacpp")
+    if workload == "latency" and set(chosen) - {"llamacpp"}:
+        raise UsageError("bench latency compares with llama.cpp only (--compare llamacpp)")
+    if "llamacpp" in chosen and workload != "latency":
+        raise UsageError(f"--compare llamacpp applies to bench latency, not {workload}")
     return tuple(dict.fromkeys(chosen))
+
+
+def checked_llamacpp(python: Path | None, config: Any) -> tuple[Any, Path]:
+    """The `--compare llamacpp` run and the GGUF file both sides load, checked before any
+    engine starts."""
+    from plugserve.bench.llamacpp import LlamaCppComparison, LlamaCppError, gguf_file_of
+
+    assert python is not None  # parse_compare refuses --compare llamacpp without it
+    comparison = LlamaCppComparison(python)
+    try:
+        model = gguf_file_of(config.model)
+        comparison.check(str(config.device))
+    except LlamaCppError as exc:
+        raise UsageError(str(exc)) from None
+    return comparison, model
+
+
+def add_llamacpp_run(report: dict[str, Any], checked: tuple[Any, Path], runner: Any) -> None:
+    """Run llama.cpp on the engine's first prompt and add its figures to the report."""
+    from plugserve.bench.latency import add_llamacpp
+    from plugserve.bench.llamacpp import LlamaCppError
+
+    comparison, model = checked
+    try:
+        add_llamacpp(report, comparison, model, runner)
+    except LlamaCppError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def checked_vllm(python: Path | None, config: Any, workload: str) -> Any:
@@ -146,3 +192,10 @@ def add_vllm_run(report: dict[str, Any], comparison: Any, runner: Any) -> None:
     except VllmError as exc:
         raise UsageError(str(exc)) from None
     add_vllm_comparison(report, result, runner.measured)
+
+
+def refuse_under_torchrun(config: Any) -> None:
+    """A benchmark starts several engines one after the other; torchrun's ranks follow one."""
+    if config.tp_size > 1 and os.environ.get("RANK") is not None:
+        raise UsageError("bench starts several engines and cannot run under torchrun; run it "
+                         "without torchrun: --tp N starts the ranks on this machine")

@@ -60,6 +60,10 @@ def generate_command(
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="-1 = off.")] = -1,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    ignore_eos: Annotated[
+        bool, typer.Option(help="Keep generating past EOS: exactly --max-new-tokens tokens "
+                           "per prompt (unless the context ends first).")
+    ] = False,
     chat: Annotated[bool, typer.Option(help="Wrap each prompt in the chat template.")] = False,
     chat_template: ChatTemplateOpt = None,
     json_out: JsonOpt = False,
@@ -112,6 +116,7 @@ def generate_command(
                 top_p=top_p,
                 top_k=top_k,
                 seed=seed,
+                ignore_eos=ignore_eos,
             )
             problems = sampling.problems(vocab_size=sys.maxsize)
             if problems:

@@ -306,7 +306,8 @@ def error_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         ),
         "unknown implementation": (
             ["--compare", "transformers,sglang"],
-            "error: --compare 'sglang' is not supported; allowed: transformers, vllm",
+            "error: --compare 'sglang' is not supported; allowed: transformers, vllm, "
+            "llamacpp",
         ),
         "no such interpreter": (
             ["--compare", "vllm", "--vllm-python", str(missing)],

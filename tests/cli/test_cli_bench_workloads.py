@@ -177,8 +177,8 @@ def test_spec(cli: Callable[..., Any], tiny_model_dir: Path, head_dir: Path, tmp
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["bench", "latency"],
-         "error: unknown workload 'latency'; choose one of: throughput, shared-prefix, spec"),
+        (["bench", "decode"],
+         "error: unknown workload 'decode'; choose one of: throughput, shared-prefix, spec"),
         (["bench", "spec", "--page-size", "4", "--spec", "eagle"],
          "error: bench spec chooses --spec, --page-size itself; leave them out"),
         (["bench", "shared-prefix", "--cache", "none"],

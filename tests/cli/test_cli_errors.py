@@ -118,7 +118,7 @@ CASES: dict[str, tuple[list[str], str, str]] = {
     "bench: unknown comparison": (
         ["bench", "--compare", "sglang"],
         "",
-        "error: --compare 'sglang' is not supported; allowed: transformers, vllm",
+        "error: --compare 'sglang' is not supported; allowed: transformers, vllm, llamacpp",
     ),
     "bench: vllm comparison without its interpreter": (
         ["bench", "--compare", "vllm"],

@@ -54,6 +54,11 @@ HEADS = {"GQA": (8, 2), "MHA": (4, 4)}
 EXTEND_SCENARIOS = ("causal", "window", "tree", "tree+window")
 DECODE_SCENARIOS = ("decode", "split4", "split8", "window", "split8+window", "topk4")
 WINDOW = 48
+# The dequantize-matmul (kernels/quant_matmul.py): every type, x dtype and row regime
+# (decode rows <= 16, prefill rows) at a SmolLM2-sized K and N.
+QUANT_TYPES = ("q8_0", "q4_k", "q6_k")
+QUANT_ROWS = (1, 256)
+QUANT_K, QUANT_N = 1536, 576
 
 # Per-block shared memory a kernel may use (cudaDevAttrMaxSharedMemoryPerBlockOptin, which
 # Triton checks at load): A100 163 KiB, H100 227 KiB.
@@ -76,6 +81,39 @@ class Variant:
     def label(self) -> str:
         return (f"{self.kind} {self.scenario} {self.dtype} d{self.head_dim} "
                 f"p{self.page_size} {self.heads}")
+
+
+@dataclass(frozen=True)
+class QuantVariant:
+    qtype: str
+    dtype: str
+    rows: int
+
+    @property
+    def label(self) -> str:
+        # Six words like an attention variant's, so the table and its sorting read them.
+        return f"quant {self.qtype} {self.dtype} k{QUANT_K} m{self.rows} N{QUANT_N}"
+
+
+def quant_variants() -> list[QuantVariant]:
+    return [QuantVariant(qtype, dtype, rows)
+            for qtype in QUANT_TYPES for dtype in DTYPES for rows in QUANT_ROWS]
+
+
+def quant_launch(variant: QuantVariant, arch: int) -> object:
+    """The launch `quant_matmul` makes for this variant on `arch` (random blocks)."""
+    from plugserve_attention_triton.kernels.quant_matmul import (
+        BLOCK_BYTES,
+        BLOCK_ELEMS,
+        quant_matmul_launch,
+    )
+
+    dtype = getattr(torch, variant.dtype)
+    row_bytes = QUANT_K // BLOCK_ELEMS[variant.qtype] * BLOCK_BYTES[variant.qtype]
+    w = torch.randint(0, 256, (QUANT_N, row_bytes), dtype=torch.uint8)
+    x = torch.randn(variant.rows, QUANT_K).to(dtype)
+    out = torch.empty(variant.rows, QUANT_N, dtype=dtype)
+    return quant_matmul_launch(x, w, variant.qtype, QUANT_N, QUANT_K, out, arch=arch)
 
 
 def all_variants() -> list[Variant]:
@@ -176,7 +214,7 @@ def variant_launches(variant: Variant, arch: int) -> list[tuple[str, object]]:
 # --- compiling ------------------------------------------------------------------------------
 
 
-def compile_arch(arch: int, variants: list[Variant]) -> list[CompiledRow]:
+def compile_arch(arch: int, variants: list[Variant], quant: bool = True) -> list[CompiledRow]:
     rows: list[CompiledRow] = []
     seen: dict[str, dict[str, int]] = {}
     with compile_only(arch):
@@ -206,6 +244,30 @@ def compile_arch(arch: int, variants: list[Variant]) -> list[CompiledRow]:
                     setattr(row, name, value)
                 rows.append(row)
         rows += _warm_up_rows(arch, seen, {(v.dtype, v.head_dim, v.heads) for v in variants})
+        if quant:
+            rows += _quant_rows(arch, seen)
+    return rows
+
+
+def _quant_rows(arch: int, seen: dict[str, dict[str, int]]) -> list[CompiledRow]:
+    rows = []
+    for variant in quant_variants():
+        row = CompiledRow(arch, variant.label, "quant_matmul", variant.dtype)
+        begin = time.perf_counter()
+        try:
+            launch = quant_launch(variant, arch)
+            kernel, figures = compile_with_figures(launch, seen)
+        except Exception as exc:
+            row.error = f"{type(exc).__name__}: {str(exc)[-3000:]}"
+            rows.append(row)
+            continue
+        row.compile_s = round(time.perf_counter() - begin, 2)
+        row.hash, row.shared_bytes = kernel.hash, int(kernel.metadata.shared)
+        row.constexprs = _constexpr_text(launch)
+        row.num_warps, row.num_stages = kernel.metadata.num_warps, kernel.metadata.num_stages
+        for name, value in figures.items():
+            setattr(row, name, value)
+        rows.append(row)
     return rows
 
 
@@ -276,6 +338,8 @@ def judge_warm_up(rows: list[CompiledRow]) -> list[str]:
     launched: dict[tuple[int, str, str], set[str]] = {}
     warmed: dict[tuple[int, str, str], set[str]] = {}
     for row in rows:
+        if row.variant.startswith("quant "):  # not an attention kernel: no engine warm-up
+            continue
         _, _, dtype, head_dim, _, heads = row.variant.split()
         target = warmed if row.variant.startswith(WARM_UP) else launched
         target.setdefault((row.arch, f"{dtype} {head_dim}", heads), set()).add(row.hash)
@@ -337,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=min(len(ARCHS), os.cpu_count() or 1),
                         help="compiler processes (one architecture each)")
     parser.add_argument("--json", type=Path, help="also write every row here")
+    parser.add_argument("--quant-only", action="store_true",
+                        help="only the dequantize-matmul kernels (no attention variants)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes"):
         print("the CUDA compile check compiles the kernels: unset TRITON_INTERPRET",
@@ -347,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Triton's CUDA toolchain cannot run here: {why_not}", file=sys.stderr)
         return 2
     archs = args.arch or list(ARCHS)
-    variants = all_variants()
+    variants = [] if args.quant_only else all_variants()
     begin = time.perf_counter()
     if args.jobs > 1 and len(archs) > 1:
         with ProcessPoolExecutor(min(args.jobs, len(archs)), mp_context=get_context("spawn")) as pool:
@@ -361,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = [row for row in rows if row.problems]
     kernels = {(row.arch, row.hash) for row in rows if row.hash}
     compiled_s = sum(row.compile_s for row in rows)
-    print(f"\n{len(variants)} variants x {len(archs)} architectures -> {len(rows)} launches, "
+    count = len(variants) + len(quant_variants())
+    print(f"\n{count} variants x {len(archs)} architectures -> {len(rows)} launches, "
           f"{len(kernels)} distinct kernels; {len(failed)} over budget or failing; "
           f"{time.perf_counter() - begin:.0f} s wall ({compiled_s:.0f} s compiling)")
     if args.json is not None:

@@ -39,7 +39,8 @@ def test_every_variant_compiles_for_cuda_within_budget(
     assert result.returncode == 0, result.stderr[-6000:]
     rows = json.loads(rows_path.read_text())
     compiled = {(row["arch"], row["variant"]) for row in rows if row["hash"]}
-    expected = {(arch, variant.label) for arch in check.ARCHS for variant in check.all_variants()}
+    expected = {(arch, variant.label) for arch in check.ARCHS
+                for variant in [*check.all_variants(), *check.quant_variants()]}
     assert expected <= compiled, f"variants without a kernel: {sorted(expected - compiled)[:5]}"
 
 
@@ -51,6 +52,14 @@ def test_variants_cover_the_matrix() -> None:
     scenarios = {v.scenario for v in variants}
     assert {"window", "tree", "tree+window", "split8", "topk4"} <= scenarios
     assert len({v.label for v in variants}) == len(variants)
+
+
+def test_quant_variants_cover_every_type_dtype_and_row_regime() -> None:
+    variants = check.quant_variants()
+    assert {v.qtype for v in variants} == {"q8_0", "q4_k", "q6_k"}
+    assert {v.dtype for v in variants} == set(check.DTYPES)
+    assert min(v.rows for v in variants) <= 16 < max(v.rows for v in variants)
+    assert all(len(v.label.split()) == 6 for v in variants)
 
 
 def _row(**fields: object) -> check.CompiledRow:

@@ -1,0 +1,142 @@
+"""`bench latency --compare llamacpp`: the same GGUF file and prompt through llama.cpp.
+
+llama.cpp is never installed next to plugserve: `benchmarks/setup_llamacpp.sh` makes
+`.venv-llamacpp` (llama-cpp-python built for this CPU) and `--llamacpp-python
+.venv-llamacpp/bin/python` names its interpreter. The script `llamacpp_driver.py` (beside
+this file) runs under it: it reads the workload as JSON on stdin (the GGUF file, the first
+prompt of the engine's batch, the output length, the thread count, the iterations) and
+prints its timings and first greedy tokens as JSON.
+
+Same file, same threads (torch's thread count in this process is llama.cpp's `n_threads`
+and `n_threads_batch`), same prompt ids, greedy, EOS ignored, the same iteration counts.
+llama.cpp runs batch 1 (one sequence) whatever `--batch-size` the engine ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DRIVER = Path(__file__).with_name("llamacpp_driver.py")
+SETUP_HINT = ("run benchmarks/setup_llamacpp.sh (it creates .venv-llamacpp) and pass "
+              "--llamacpp-python .venv-llamacpp/bin/python")
+FIRST_TOKENS = 32
+EXIT_NO_LLAMA_CPP = 3  # llamacpp_driver.py: llama_cpp does not import
+CHECK_TIMEOUT_S = 120.0
+
+
+class LlamaCppError(RuntimeError):
+    """`--compare llamacpp` cannot run or failed: one line naming the interpreter and what
+    to do."""
+
+
+def gguf_file_of(model: str | Path | None) -> Path:
+    """The GGUF file both sides run: `--model` when it is one, the built-in default model's
+    file when no model is given; an HF folder is refused (llama.cpp reads only GGUF)."""
+    if model is None:
+        from plugserve.model.default_model import default_gguf_path
+
+        return default_gguf_path()
+    path = Path(model).expanduser()
+    if path.suffix.lower() != ".gguf":
+        raise LlamaCppError(f"--compare llamacpp runs the same GGUF file on both sides; "
+                            f"--model {str(model)!r} is not a .gguf file")
+    if not path.is_file():
+        raise LlamaCppError(f"--model {str(model)!r}: no such file")
+    return path
+
+
+@dataclass(frozen=True)
+class LlamaCppComparison:
+    """`--compare llamacpp --llamacpp-python PATH`."""
+
+    python: Path
+    first_tokens: int = FIRST_TOKENS
+    timeout_s: float | None = None
+
+    def check(self, device: str) -> None:
+        """Before any engine starts: the device, the interpreter, llama_cpp there."""
+        if not device.startswith("cpu"):
+            raise LlamaCppError(f"--compare llamacpp runs llama.cpp on the CPU; plugserve "
+                                f"would run on {device!r}: compare with --device cpu")
+        python = self.python
+        if not python.exists():
+            raise LlamaCppError(f"--llamacpp-python {str(python)!r}: no such interpreter; "
+                                f"{SETUP_HINT}")
+        if python.is_dir() or not os.access(python, os.X_OK):
+            raise LlamaCppError(f"--llamacpp-python {str(python)!r} is not an executable "
+                                f"Python interpreter; {SETUP_HINT}")
+        probe = ("import importlib.util, sys; "
+                 "sys.exit(0 if importlib.util.find_spec('llama_cpp') else 3)")
+        try:
+            done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True,
+                                  timeout=CHECK_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LlamaCppError(f"--llamacpp-python {str(python)!r} could not be run ({exc}); "
+                                f"{SETUP_HINT}") from None
+        if done.returncode == EXIT_NO_LLAMA_CPP:
+            raise LlamaCppError(f"llama_cpp (llama-cpp-python) is not installed for "
+                                f"--llamacpp-python {str(python)!r}; {SETUP_HINT}")
+        if done.returncode != 0:
+            reason = _last_line(done.stderr) or f"exit {done.returncode}"
+            raise LlamaCppError(f"--llamacpp-python {str(python)!r} is not a working Python "
+                                f"interpreter ({reason}); {SETUP_HINT}")
+
+    def run(self, model: Path, prompt: list[int], output_len: int, n_threads: int,
+            num_iters: int, num_iters_warmup: int) -> dict[str, Any]:
+        work = {
+            "model": str(model), "prompt": [int(t) for t in prompt], "output_len": output_len,
+            "n_threads": n_threads, "n_ctx": len(prompt) + output_len,
+            "first_tokens": self.first_tokens, "num_iters": num_iters,
+            "num_iters_warmup": num_iters_warmup, "seed": 0,
+        }
+        result = self.call_driver(work)
+        result.update(python=str(self.python), model=str(model), batch_size=1)
+        return result
+
+    def call_driver(self, work: dict[str, Any]) -> dict[str, Any]:
+        """Run llamacpp_driver.py under the interpreter; its log goes to a file kept on
+        failure."""
+        python = str(self.python)
+        with tempfile.NamedTemporaryFile("w+", prefix="plugserve-llamacpp-", suffix=".log",
+                                         delete=False) as log:
+            try:
+                done = subprocess.run(
+                    [python, str(DRIVER)], input=json.dumps(work), stdout=subprocess.PIPE,
+                    stderr=log, text=True, timeout=self.timeout_s, check=False,
+                )
+            except subprocess.TimeoutExpired:
+                raise LlamaCppError(f"the llama.cpp driver under {python!r} ran past "
+                                    f"{self.timeout_s} s (its log: {log.name})") from None
+            except OSError as exc:
+                raise LlamaCppError(f"--llamacpp-python {python!r} could not be run ({exc}); "
+                                    f"{SETUP_HINT}") from None
+            log.seek(0)
+            last = _last_line(log.read())
+        if done.returncode == EXIT_NO_LLAMA_CPP:
+            raise LlamaCppError(f"llama_cpp does not import under --llamacpp-python "
+                                f"{python!r} ({last}); {SETUP_HINT}")
+        if done.returncode != 0:
+            raise LlamaCppError(f"the llama.cpp driver failed under {python!r} (exit "
+                                f"{done.returncode}): {last or 'no message'}; its log: "
+                                f"{log.name}")
+        try:
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise LlamaCppError(f"the llama.cpp driver under {python!r} printed no JSON "
+                                f"result; its log: {log.name}") from None
+        if not isinstance(result, dict) or "decode_tok_per_s" not in result:
+            raise LlamaCppError(f"the llama.cpp driver under {python!r} printed an "
+                                f"unexpected result; its log: {log.name}")
+        Path(log.name).unlink(missing_ok=True)
+        return result
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
