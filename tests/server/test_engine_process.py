@@ -20,8 +20,8 @@ import httpx
 from serve_process import alive, children_of, free_port, start_serve, wait_healthy
 
 C = "/v1/completions"
-LONG = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True,
-        "temperature": 0}
+LONG = {"prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True, "stream": True,
+        "temperature": 0, "n": 8}
 
 
 def engine_pid(server_pid: int) -> int:
@@ -54,6 +54,9 @@ def test_engine_killed_mid_stream(tiny_model_dir: Path) -> None:
         reader = threading.Thread(target=read)
         reader.start()
         assert started.wait(60), "the stream did not start"
+        os.kill(engine, signal.SIGSTOP)  # frozen mid-stream (8 x 480 tokens take seconds)
+        time.sleep(0.2)
+        assert lines[-1] != "data: [DONE]", "the stream ended before the engine was stopped"
         os.kill(engine, signal.SIGKILL)
         reader.join(60)
         assert not reader.is_alive(), "the stream did not end"
@@ -62,7 +65,7 @@ def test_engine_killed_mid_stream(tiny_model_dir: Path) -> None:
         assert "engine process exited unexpectedly" in last["error"]["message"], last
         health = httpx.get(url + "/health", timeout=5)
         assert health.status_code == 503 and health.json()["status"] == "unavailable"
-        refused = httpx.post(url + C, json={**LONG, "stream": False, "max_tokens": 2},
+        refused = httpx.post(url + C, json={**LONG, "stream": False, "max_tokens": 2, "n": 1},
                              timeout=30)
         assert refused.status_code == 503, refused.text
         helpers = children_of(proc.pid)
@@ -94,7 +97,7 @@ def test_orderly_stop_leaves_no_process(tiny_model_dir: Path) -> None:
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}")
         engine = engine_pid(proc.pid)
-        body = {**LONG, "stream": False, "max_tokens": 8}
+        body = {**LONG, "stream": False, "max_tokens": 8, "n": 1}
         assert httpx.post(f"http://127.0.0.1:{port}{C}", json=body, timeout=60).status_code == 200
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
