@@ -198,10 +198,15 @@ def _serve_pipe(conn: Any, loop: WorkerLoop, outbox: Outbox) -> None:
     """Until the engine thread ended after a stop (or failed), or the HTTP process is gone.
     Aborts keep coming while a stop waits for running requests."""
     stopping = False
+    rank_problem: str | None = None
     while True:
         thread = loop._thread
         if thread is None or not thread.is_alive():
             return
+        problem = loop.engine.rank_problem()  # a TP rank died, also while the engine idles
+        if problem != rank_problem:
+            rank_problem = problem
+            outbox.send(("step", [], [], {**loop.state(), "rank_problem": problem}))
         try:
             if not conn.poll(POLL_S):
                 continue
