@@ -256,12 +256,14 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def time_split_line(split: dict[str, float]) -> str:
-    """The server's /metrics time split in words."""
+    """The server's /metrics time split (since it started serving) in words."""
     head = (f"engine steps {split.get('engine_step', 0):.1f} s wall, handing out tokens "
-            f"{split.get('publish', 0):.2f} s; CPU: engine thread "
+            f"{split.get('publish', 0):.2f} s; CPU: HTTP event loop (HTTP, JSON, SSE, "
+            f"tokenizing, detokenizing) {split.get('http_loop_cpu', 0):.1f} s, engine thread "
             f"{split.get('engine_thread_cpu', 0):.1f} s")
-    if "engine_process_cpu" in split:  # the HTTP process's CPU is all HTTP, SSE, tokenizing
+    if "engine_process_cpu" in split:
         return (head + f", engine process {split['engine_process_cpu']:.1f} s, HTTP process "
-                f"(HTTP, SSE, tokenizing, detokenizing) {split.get('process_cpu', 0):.1f} s")
-    other = split.get("process_cpu", 0.0) - split.get("engine_thread_cpu", 0.0)
-    return head + f", rest of the process (HTTP, SSE, tokenizing, start-up) {other:.1f} s"
+                f"{split.get('process_cpu', 0):.1f} s")
+    other = (split.get("process_cpu", 0.0) - split.get("engine_thread_cpu", 0.0)
+             - split.get("http_loop_cpu", 0.0))
+    return head + f", other threads (torch's intra-op workers) {other:.1f} s"

@@ -62,6 +62,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         shutdown.loop = asyncio.get_running_loop()
+        metrics.serving_started()
         loop.start()
         metrics.set_engine_up(True)
         log.info("serving %s (context %d tokens)", model_id, loop.context_len)

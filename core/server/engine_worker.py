@@ -106,6 +106,7 @@ class WorkerLoop(EngineLoop):
         self.outbox = outbox
         self.events: list[tuple[int, Event]] = []
         self.handles: dict[int, WorkerHandle] = {}
+        self._cpu0 = _process_cpu()  # the engine is built: count serving CPU from here
 
     def enqueue(self, handles: list[WorkerHandle]) -> None:
         for handle in handles:
@@ -138,7 +139,7 @@ class WorkerLoop(EngineLoop):
         with self._lock:
             state: dict[str, Any] = {"sched_waiting": self._sched_waiting,
                                      "accepted": self._accepted}
-        state["time_s"] = {**self.time_s, "engine_process_cpu": _process_cpu()}
+        state["time_s"] = {**self.time_s, "engine_process_cpu": _process_cpu() - self._cpu0}
         state["idle_checks"] = self.idle_checks
         state["idle_memory_problem"] = self.idle_memory_problem
         state["failure"] = (None if self.failure is None
