@@ -140,6 +140,8 @@ def serve_command(
     GET  /metrics               Prometheus metrics
     SIGINT / SIGTERM stop it: running requests get --shutdown-timeout
     seconds, the rest are aborted, and the engine stops with its memory whole.
+    --engine-process runs the engine in a process of its own (HTTP, tokenizing
+    and SSE stay in this one).
     """
     with reported_errors(debug):
         from plugserve.server.settings import ServerSettings

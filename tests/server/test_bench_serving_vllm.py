@@ -51,6 +51,7 @@ def test_compare_vllm_plumbing(tiny_model_dir: Path, tmp_path: Path, dataset: st
             mine["output_throughput"] / report["offline"]["output_throughput"])
         assert math.isfinite(mine["vs_vllm"]) and mine["vs_vllm"] > 0
         assert mine["time_split_s"]["engine_step"] > 0
+        assert mine["time_split_s"]["http_loop_cpu"] > 0
     assert "engine_process_cpu" in report["plugserve"]["time_split_s"]
     assert "engine_process_cpu" not in report["plugserve_thread"]["time_split_s"]
     assert report["plugserve_vs_vllm"] == report["plugserve"]["vs_vllm"]
