@@ -144,10 +144,17 @@ class EngineProcess:
                 handle.key = next(self._keys)
                 self._handles[handle.key] = handle
                 self._unadmitted.add(handle.key)
-        for i in range(len(prompts)):  # one message per prompt: its samples are one group
-            group = job.handles[i * per_prompt:(i + 1) * per_prompt]
-            self._send(("submit", [(h.key, h.ids, sampling) for h in group], session,
-                        arrival_s))
+        try:
+            for i in range(len(prompts)):  # one message per prompt: its samples are one group
+                group = job.handles[i * per_prompt:(i + 1) * per_prompt]
+                self._send(("submit", [(h.key, h.ids, sampling) for h in group], session,
+                            arrival_s))
+        except NotServing:  # the engine process is gone: nobody would answer these
+            with self._lock:
+                for handle in job.handles:
+                    self._handles.pop(handle.key, None)
+                    self._unadmitted.discard(handle.key)
+            raise
         return job
 
     def abort(self, handle: RequestHandle) -> None:
