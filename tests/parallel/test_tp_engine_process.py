@@ -19,7 +19,7 @@ import httpx
 from plugserve.engine import Engine
 from plugserve.sampling import SamplingParams
 
-from .procs import descendants
+from .procs import _cmdline, descendants, in_group, wait_gone
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 12]
 
@@ -68,7 +68,12 @@ def test_engine_process_is_rank_0(tp_models: Callable[[str], Path],
     assert health.status_code == 503
     assert "rank 1" in (health.json()["rank_problem"] or health.json()["engine_error"] or "")
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, "a rank died: the command reports the failure"
+    # The engine process and rank 1's helpers end with the server (the engine process stops
+    # itself once the server is gone; Python's resource tracker once its pipe closes).
+    left = wait_gone(in_group(proc.pid), timeout_s=15.0)
+    assert not left, ([(p, _cmdline(p)) for p in left], err.decode()[-3000:])
 
 
 def _direct_children(pid: int) -> set[int]:
