@@ -167,24 +167,28 @@ def run_one(which: str, opts: VllmServingOptions, work: Path) -> dict[str, Any]:
                 raise RuntimeError(f"vllm bench serve against {which} failed (exit "
                                    f"{done.returncode}); its log: {client_log}")
             result = json.loads(out.read_text())
-            split = _time_split(f"http://127.0.0.1:{port}") if mine else {}
+            figures = _server_figures(f"http://127.0.0.1:{port}") if mine else {}
         finally:
             _stop(proc)
-    return {**{k: result.get(k) for k in KEYS}, **({"time_split_s": split} if split else {})}
+    return {**{k: result.get(k) for k in KEYS}, **figures}
 
 
-def _time_split(url: str) -> dict[str, float]:
-    """Where the plugserve server's time went (its /metrics): engine steps and publishing on
-    the engine thread (wall), the engine thread's CPU and the whole process's CPU."""
+def _server_figures(url: str) -> dict[str, Any]:
+    """Where the plugserve server's time went (its /metrics, since it started): engine steps
+    and publishing on the engine thread (wall), the CPU of the engine thread, the event loop,
+    the processes; and how many engine steps ran (the client's warm-up request included)."""
     import httpx
 
     prefix = 'plugserve_engine_loop_seconds{part="'
-    out: dict[str, float] = {}
+    split: dict[str, float] = {}
+    steps = 0
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
         if line.startswith(prefix):
             name, value = line[len(prefix):].split('"} ')
-            out[name] = float(value)
-    return out
+            split[name] = float(value)
+        elif line.startswith('plugserve_engine_stat{stat="steps"} '):
+            steps = int(float(line.split()[-1]))
+    return {"time_split_s": split, "engine_steps": steps}
 
 
 def run_offline(opts: VllmServingOptions, ids: list[list[int]]) -> dict[str, Any]:
@@ -196,11 +200,13 @@ def run_offline(opts: VllmServingOptions, ids: list[list[int]]) -> dict[str, Any
     with Engine(model=str(opts.model), dtype=opts.dtype,
                 max_running_requests=max(64, opts.num_seqs)) as engine:
         engine.generate(ids[:2], SamplingParams(max_new_tokens=4, ignore_eos=True))  # warm-up
+        steps = int(engine.stats().get("steps", 0))
         t0 = time.perf_counter()
         out = engine.generate(ids, sp)
         wall = time.perf_counter() - t0
+        steps = int(engine.stats().get("steps", 0)) - steps
     tokens = sum(len(r.token_ids) for r in out)
-    return {"duration": wall, "output_throughput": tokens / wall,
+    return {"duration": wall, "output_throughput": tokens / wall, "engine_steps": steps,
             "total_output_tokens": tokens, "total_input_tokens": sum(map(len, ids))}
 
 
@@ -241,6 +247,8 @@ def print_report(report: dict[str, Any]) -> None:
     for key, name in names.items():
         r = report[key]
         parts = [f"output {r['output_throughput']:.1f} tok/s", f"{r['duration']:.1f} s"]
+        if r.get("engine_steps"):
+            parts.append(f"{r['engine_steps']} engine steps")
         if r.get("mean_ttft_ms") is not None:
             parts += [f"TTFT mean {r['mean_ttft_ms']:.0f} ms", f"TPOT mean "
                       f"{r['mean_tpot_ms']:.0f} ms", f"completed {r['completed']}",

@@ -43,6 +43,7 @@ def test_compare_vllm_plumbing(tiny_model_dir: Path, tmp_path: Path, dataset: st
         assert report[which]["completed"] == 4 and report[which]["failed"] == 0
         assert report[which]["total_output_tokens"] == 4 * 8
     assert report["offline"]["total_output_tokens"] == 4 * 8
+    assert report["offline"]["engine_steps"] >= 8
     for which in ("plugserve", "plugserve_thread"):
         mine = report[which]
         assert mine["vs_vllm"] == pytest.approx(
@@ -52,6 +53,7 @@ def test_compare_vllm_plumbing(tiny_model_dir: Path, tmp_path: Path, dataset: st
         assert math.isfinite(mine["vs_vllm"]) and mine["vs_vllm"] > 0
         assert mine["time_split_s"]["engine_step"] > 0
         assert mine["time_split_s"]["http_loop_cpu"] > 0
+        assert mine["engine_steps"] >= 8  # at least one step per output token
     assert "engine_process_cpu" in report["plugserve"]["time_split_s"]
     assert "engine_process_cpu" not in report["plugserve_thread"]["time_split_s"]
     assert report["plugserve_vs_vllm"] == report["plugserve"]["vs_vllm"]
