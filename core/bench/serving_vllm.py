@@ -2,19 +2,26 @@
 
 One run, one server at a time, the same prompts:
 
-1. `plugserve serve` (this interpreter) is started on a free loopback port, `vllm bench serve`
-   (from the `--vllm-python` environment that `benchmarks/setup_vllm.sh` makes, unmodified)
-   runs against it, the server is stopped;
-2. the same for vLLM's own server (`vllm serve` from that environment);
-3. plugserve's engine runs the same requests offline (`Engine.generate`, all at once): the
-   serving path's cost is its throughput over this one.
+1. `plugserve serve --engine-process` (this interpreter) is started on a free loopback port,
+   `vllm bench serve` (from the `--vllm-python` environment that `benchmarks/setup_vllm.sh`
+   makes, unmodified) runs against it, the server is stopped;
+2. the same for `plugserve serve --no-engine-process` (the engine in a thread of the HTTP
+   process);
+3. the same for vLLM's own OpenAI server (`vllm.entrypoints.openai.api_server` from that
+   environment, on the same HF folder);
+4. plugserve's engine runs requests of the same lengths offline (`Engine.generate`, all at
+   once): the serving path's cost is its throughput over this one.
 
-Prompts: `--num-seqs` random texts of about `--input-len` tokens (random token ids decoded
-with the model's tokenizer, as vLLM's random dataset makes them), given to the client as its
-`custom` dataset without a chat template; `--output-len` tokens each, EOS ignored, greedy,
-`--request-rate` (inf: all at once). Reported: each server's output tok/s, request
-throughput, TTFT and TPOT (vLLM's client's own figures), the plugserve / vLLM ratio and the
-plugserve server / offline engine ratio.
+Prompts: the client's own `random` dataset (`--num-seqs` prompts of `--input-len` random
+tokens, seeded, so both servers get the same texts), `--output-len` tokens each, EOS ignored,
+greedy, `--request-rate` (inf: all at once); backend `openai` (/v1/completions) or
+`openai-chat`. Reported: each server's output tok/s, request throughput, TTFT and TPOT
+(vLLM's client's own figures), the plugserve / vLLM ratio and the plugserve server / offline
+engine ratio for each plugserve mode, and where the plugserve server's time went (its
+/metrics: engine steps, the engine thread's and each process's CPU).
+
+Every server runs under a time bound and is stopped (terminate, then kill) also when the run
+fails.
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ BENCH_SERVE = ("import sys; from vllm.utils.argparse_utils import FlexibleArgume
                "from vllm.benchmarks.serve import add_cli_args, main; "
                "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 START_TIMEOUT_S = 900.0
+# The plugserve servers measured, with their `serve` flags (the first is the headline).
+PLUGSERVE_MODES = (("plugserve", ("--engine-process",)),
+                   ("plugserve_thread", ("--no-engine-process",)))
 KEYS = ("completed", "failed", "duration", "request_throughput", "output_throughput",
         "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
         "mean_itl_ms", "total_input_tokens", "total_output_tokens")
@@ -60,14 +70,19 @@ class VllmServingOptions:
     timeout_s: float = 3600.0
 
 
-def random_prompts(tokenizer: Any, n: int, length: int, seed: int) -> list[str]:
+def random_prompt_ids(tokenizer: Any, n: int, length: int, seed: int) -> list[list[int]]:
+    """Prompts of exactly `length` random token ids (no special tokens), for the offline run."""
     rng = random.Random(seed)
     vocab = tokenizer.vocab_size
     special = set(tokenizer.eos_token_ids) | {tokenizer.bos_token_id}
     out = []
     for _ in range(n):
-        ids = [t for t in (rng.randrange(vocab) for _ in range(length)) if t not in special]
-        out.append(tokenizer.decode(ids))
+        ids: list[int] = []
+        while len(ids) < length:
+            t = rng.randrange(vocab)
+            if t not in special:
+                ids.append(t)
+        out.append(ids)
     return out
 
 
@@ -105,34 +120,37 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def server_command(which: str, opts: VllmServingOptions, port: int) -> list[str]:
-    if which == "plugserve":
+    flags = dict(PLUGSERVE_MODES)
+    if which in flags:
         return [sys.executable, "-m", "plugserve", "serve", "--model", str(opts.model),
                 "--dtype", opts.dtype, "--port", str(port), "--served-model-name", SERVED_NAME,
-                "--max-waiting", str(max(256, opts.num_seqs))]
+                "--max-waiting", str(max(256, opts.num_seqs)),
+                "--max-running-requests", str(max(64, opts.num_seqs)), *flags[which]]
     return [str(opts.python), "-m", "vllm.entrypoints.openai.api_server", "--model",
             str(opts.model), "--dtype", opts.dtype, "--port", str(port), "--host", "127.0.0.1",
             "--served-model-name", SERVED_NAME, "--max-model-len", "2048"]
 
 
-def client_command(opts: VllmServingOptions, port: int, dataset: Path, out: Path) -> list[str]:
+def client_command(opts: VllmServingOptions, port: int, out: Path) -> list[str]:
     endpoint = "/v1/chat/completions" if opts.backend == "openai-chat" else "/v1/completions"
     rate = "inf" if math.isinf(opts.request_rate) else str(opts.request_rate)
     return [str(opts.python), "-c", BENCH_SERVE,
             "--backend", opts.backend, "--base-url", f"http://127.0.0.1:{port}",
             "--endpoint", endpoint, "--model", SERVED_NAME, "--tokenizer", str(opts.model),
-            "--dataset-name", "custom", "--dataset-path", str(dataset),
-            "--custom-output-len", str(opts.output_len), "--skip-chat-template",
+            "--dataset-name", "random", "--random-input-len", str(opts.input_len),
+            "--random-output-len", str(opts.output_len), "--random-range-ratio", "0",
             "--num-prompts", str(opts.num_seqs), "--request-rate", rate, "--ignore-eos",
             "--temperature", "0", "--seed", str(opts.seed), "--disable-tqdm",
             "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
 
 
-def run_one(which: str, opts: VllmServingOptions, dataset: Path, work: Path) -> dict[str, Any]:
+def run_one(which: str, opts: VllmServingOptions, work: Path) -> dict[str, Any]:
     from plugserve.bench.vllm import driver_env
 
     port = free_port()
     log = work / f"{which}-server.log"
-    env = dict(os.environ) if which == "plugserve" else driver_env(opts.python, 4)
+    mine = which in dict(PLUGSERVE_MODES)
+    env = dict(os.environ) if mine else driver_env(opts.python, 4)
     with log.open("wb") as sink:
         proc = subprocess.Popen(server_command(which, opts, port), stdout=sink,
                                 stderr=subprocess.STDOUT, env=env)
@@ -141,7 +159,7 @@ def run_one(which: str, opts: VllmServingOptions, dataset: Path, work: Path) -> 
             out = work / f"{which}-result.json"
             client_log = work / f"{which}-client.log"
             with client_log.open("wb") as client_sink:
-                done = subprocess.run(client_command(opts, port, dataset, out),
+                done = subprocess.run(client_command(opts, port, out),
                                       stdout=client_sink, stderr=subprocess.STDOUT,
                                       env=driver_env(opts.python, 4), timeout=opts.timeout_s,
                                       check=False)
@@ -149,41 +167,46 @@ def run_one(which: str, opts: VllmServingOptions, dataset: Path, work: Path) -> 
                 raise RuntimeError(f"vllm bench serve against {which} failed (exit "
                                    f"{done.returncode}); its log: {client_log}")
             result = json.loads(out.read_text())
-            split = _time_split(f"http://127.0.0.1:{port}") if which == "plugserve" else {}
+            figures = _server_figures(f"http://127.0.0.1:{port}") if mine else {}
         finally:
             _stop(proc)
-    return {**{k: result.get(k) for k in KEYS}, **({"time_split_s": split} if split else {})}
+    return {**{k: result.get(k) for k in KEYS}, **figures}
 
 
-def _time_split(url: str) -> dict[str, float]:
-    """Where the plugserve server's time went (its /metrics): engine steps and publishing on
-    the engine thread (wall), the engine thread's CPU and the whole process's CPU."""
+def _server_figures(url: str) -> dict[str, Any]:
+    """Where the plugserve server's time went (its /metrics, since it started): engine steps
+    and publishing on the engine thread (wall), the CPU of the engine thread, the event loop,
+    the processes; and how many engine steps ran (the client's warm-up request included)."""
     import httpx
 
     prefix = 'plugserve_engine_loop_seconds{part="'
-    out: dict[str, float] = {}
+    split: dict[str, float] = {}
+    steps = 0
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
         if line.startswith(prefix):
             name, value = line[len(prefix):].split('"} ')
-            out[name] = float(value)
-    return out
+            split[name] = float(value)
+        elif line.startswith('plugserve_engine_stat{stat="steps"} '):
+            steps = int(float(line.split()[-1]))
+    return {"time_split_s": split, "engine_steps": steps}
 
 
-def run_offline(opts: VllmServingOptions, prompts: list[str]) -> dict[str, Any]:
-    """The engine alone on the same requests (tokenized as the server tokenizes them)."""
+def run_offline(opts: VllmServingOptions, ids: list[list[int]]) -> dict[str, Any]:
+    """The engine alone on requests of the same lengths, all submitted at once."""
     from plugserve.engine import Engine
     from plugserve.sampling import SamplingParams
 
     sp = SamplingParams(max_new_tokens=opts.output_len, ignore_eos=True)
     with Engine(model=str(opts.model), dtype=opts.dtype,
                 max_running_requests=max(64, opts.num_seqs)) as engine:
-        ids = [engine.tokenizer.encode(p) for p in prompts]
         engine.generate(ids[:2], SamplingParams(max_new_tokens=4, ignore_eos=True))  # warm-up
+        steps = int(engine.stats().get("steps", 0))
         t0 = time.perf_counter()
         out = engine.generate(ids, sp)
         wall = time.perf_counter() - t0
+        steps = int(engine.stats().get("steps", 0)) - steps
     tokens = sum(len(r.token_ids) for r in out)
-    return {"duration": wall, "output_throughput": tokens / wall,
+    return {"duration": wall, "output_throughput": tokens / wall, "engine_steps": steps,
             "total_output_tokens": tokens, "total_input_tokens": sum(map(len, ids))}
 
 
@@ -192,47 +215,63 @@ def run(opts: VllmServingOptions, say: Callable[[str], None] | None = None) -> d
 
     say = say or (lambda _msg: None)
     tokenizer = Tokenizer.from_hf_folder(opts.model)
-    prompts = random_prompts(tokenizer, opts.num_seqs, opts.input_len, opts.seed)
+    prompts = random_prompt_ids(tokenizer, opts.num_seqs, opts.input_len, opts.seed)
     work = Path(tempfile.mkdtemp(prefix="plugserve-bench-serving-"))
-    dataset = work / "prompts.jsonl"
-    dataset.write_text("".join(json.dumps({"prompt": p, "output_tokens": opts.output_len})
-                               + "\n" for p in prompts), encoding="utf-8")
     report: dict[str, Any] = {"workload": "serving --compare vllm", "backend": opts.backend,
                               "model": str(opts.model), "dtype": opts.dtype,
                               "num_seqs": opts.num_seqs, "input_len": opts.input_len,
                               "output_len": opts.output_len,
                               "request_rate": opts.request_rate, "work_dir": str(work)}
-    for which in ("plugserve", "vllm"):
+    for which in (*dict(PLUGSERVE_MODES), "vllm"):
         say(f"{which} server under vllm bench serve")
-        report[which] = run_one(which, opts, dataset, work)
-    say("plugserve engine offline on the same requests")
+        report[which] = run_one(which, opts, work)
+    say("plugserve engine offline on requests of the same lengths")
     report["offline"] = run_offline(opts, prompts)
-    mine, theirs = report["plugserve"], report["vllm"]
-    report["plugserve_vs_vllm"] = mine["output_throughput"] / theirs["output_throughput"]
-    report["server_vs_offline"] = (mine["output_throughput"]
-                                   / report["offline"]["output_throughput"])
+    theirs, offline = report["vllm"], report["offline"]
+    for which in dict(PLUGSERVE_MODES):
+        tok_s = report[which]["output_throughput"]
+        report[which]["vs_vllm"] = tok_s / theirs["output_throughput"]
+        report[which]["vs_offline"] = tok_s / offline["output_throughput"]
+    report["plugserve_vs_vllm"] = report["plugserve"]["vs_vllm"]
+    report["server_vs_offline"] = report["plugserve"]["vs_offline"]
     return report
 
 
 def print_report(report: dict[str, Any]) -> None:
-    rows = [("plugserve server", report["plugserve"]), ("vLLM server", report["vllm"]),
-            ("plugserve engine offline", report["offline"])]
+    names = {"plugserve": "plugserve --engine-process",
+             "plugserve_thread": "plugserve --no-engine-process", "vllm": "vLLM server",
+             "offline": "plugserve engine offline"}
     print(f"vllm bench serve ({report['backend']}), {report['num_seqs']} prompts x "
-          f"~{report['input_len']} / {report['output_len']} tokens, rate "
+          f"{report['input_len']} / {report['output_len']} tokens, rate "
           f"{report['request_rate']}, {report['dtype']}")
-    for name, r in rows:
+    for key, name in names.items():
+        r = report[key]
         parts = [f"output {r['output_throughput']:.1f} tok/s", f"{r['duration']:.1f} s"]
-        if "mean_ttft_ms" in r and r.get("mean_ttft_ms") is not None:
+        if r.get("engine_steps"):
+            parts.append(f"{r['engine_steps']} engine steps")
+        if r.get("mean_ttft_ms") is not None:
             parts += [f"TTFT mean {r['mean_ttft_ms']:.0f} ms", f"TPOT mean "
                       f"{r['mean_tpot_ms']:.0f} ms", f"completed {r['completed']}",
                       f"failed {r.get('failed', 0)}"]
-        print(f"  {name:26s} " + ", ".join(parts))
-    split = report["plugserve"].get("time_split_s")
-    if split:
-        other = split.get("process_cpu", 0.0) - split.get("engine_thread_cpu", 0.0)
-        print(f"  plugserve server time: engine steps {split.get('engine_step', 0):.1f} s wall, "
-              f"publishing tokens {split.get('publish', 0):.2f} s; CPU: engine thread "
-              f"{split.get('engine_thread_cpu', 0):.1f} s, rest of the process (HTTP, SSE, "
-              f"tokenizing, start-up) {other:.1f} s")
-    print(f"  plugserve / vLLM server: {report['plugserve_vs_vllm']:.2f}x; plugserve server / "
-          f"its engine offline: {report['server_vs_offline']:.2f}x")
+        print(f"  {name:30s} " + ", ".join(parts))
+    for key in dict(PLUGSERVE_MODES):
+        r = report[key]
+        print(f"  {names[key]}: {r['vs_vllm']:.2f}x vLLM's server, {r['vs_offline']:.2f}x its "
+              "engine offline")
+        split = r.get("time_split_s")
+        if split:
+            print("    " + time_split_line(split))
+
+
+def time_split_line(split: dict[str, float]) -> str:
+    """The server's /metrics time split (since it started serving) in words."""
+    head = (f"engine steps {split.get('engine_step', 0):.1f} s wall, handing out tokens "
+            f"{split.get('publish', 0):.2f} s; CPU: HTTP event loop (HTTP, JSON, SSE, "
+            f"tokenizing, detokenizing) {split.get('http_loop_cpu', 0):.1f} s, engine thread "
+            f"{split.get('engine_thread_cpu', 0):.1f} s")
+    if "engine_process_cpu" in split:
+        return (head + f", engine process {split['engine_process_cpu']:.1f} s, HTTP process "
+                f"{split.get('process_cpu', 0):.1f} s")
+    other = (split.get("process_cpu", 0.0) - split.get("engine_thread_cpu", 0.0)
+             - split.get("http_loop_cpu", 0.0))
+    return head + f", other threads (torch's intra-op workers) {other:.1f} s"

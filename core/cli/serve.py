@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from plugserve.server.settings import ServerSettings
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+ENGINE_PROCESS_DEFAULT = False
 
 
 def _int(help_text: str) -> Any:
@@ -125,6 +126,11 @@ def serve_command(
     mem_check_ring_size: Annotated[int | None, _int("Checker ring buffer entries.")] = None,
     tp: TpOpt = None,
     tp_backend: TpBackendOpt = None,
+    engine_process: Annotated[
+        bool, typer.Option("--engine-process/--no-engine-process",
+                           help="Run the engine in a process of its own (HTTP, tokenizing and "
+                           "SSE in this one), or in a thread of this process.")
+    ] = ENGINE_PROCESS_DEFAULT,
     log_level: LogLevelOpt = "WARNING",
     debug: DebugOpt = False,
 ) -> None:
@@ -138,6 +144,8 @@ def serve_command(
     GET  /metrics               Prometheus metrics
     SIGINT / SIGTERM stop it: running requests get --shutdown-timeout
     seconds, the rest are aborted, and the engine stops with its memory whole.
+    --engine-process runs the engine in a process of its own (HTTP, tokenizing
+    and SSE stay in this one).
     """
     with reported_errors(debug):
         from plugserve.server.settings import ServerSettings
@@ -171,7 +179,8 @@ def serve_command(
             template = chat_template_option(chat_template)
             sock = bind(settings)
             try:
-                run_server(config, options, settings, sock, log_level, template)
+                run_server(config, options, settings, sock, log_level, template,
+                           engine_process=engine_process)
             finally:
                 sock.close()
 
@@ -191,16 +200,16 @@ def bind(settings: ServerSettings) -> socket.socket:
 
 
 def run_server(config: Any, options: list[str], settings: ServerSettings,
-               sock: socket.socket, log_level: str, chat_template: str | None = None) -> None:
+               sock: socket.socket, log_level: str, chat_template: str | None = None, *,
+               engine_process: bool = ENGINE_PROCESS_DEFAULT) -> None:
     import uvicorn
 
-    from plugserve.engine import Engine
     from plugserve.server.app import create_app
 
     if settings.host not in LOOPBACK and settings.api_key is None:
         typer.echo(f"warning: serving on {settings.host} without an API key: anyone who can "
                    "reach this port can use the model (--api-key)", err=True)
-    engine = Engine(config, plugins=tuple(options))
+    engine = _start_engine(config, options, log_level, engine_process)
     if chat_template is not None:
         engine.tokenizer.chat_template = chat_template
     try:
@@ -229,6 +238,21 @@ def run_server(config: Any, options: list[str], settings: ServerSettings,
                    + ("yes" if whole is None else f"NO ({whole})"), err=True)
     finally:
         engine.close()
+
+
+def _start_engine(config: Any, options: list[str], log_level: str, engine_process: bool
+                  ) -> Any:
+    """The engine here (a thread of this process serves it), or in a process of its own."""
+    if engine_process:
+        from plugserve.server.engine_process import EngineProcess
+
+        try:
+            return EngineProcess(config, tuple(options), log_level=log_level)
+        except RuntimeError as exc:
+            raise UsageError(str(exc)) from None
+    from plugserve.engine import Engine
+
+    return Engine(config, plugins=tuple(options))
 
 
 def _server_class(uvicorn: Any) -> Any:

@@ -35,15 +35,25 @@ from plugserve.server.tokenize import add_tokenizer_routes
 from plugserve.server.tool_output import tool_mode
 
 
+def _serving_loop(engine: Any, settings: ServerSettings, metrics: ServerMetrics) -> Any:
+    """The engine thread in this process, or the engine process's side of its pipe."""
+    from plugserve.server.engine_process import EngineProcess
+
+    if isinstance(engine, EngineProcess):
+        return engine.attach(max_waiting=settings.max_waiting, metrics=metrics)
+    return EngineLoop(engine, max_waiting=settings.max_waiting, metrics=metrics)
+
+
 def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
-    """The app serving `engine`. The engine must not be used by anyone else meanwhile: from
-    the lifespan's start to its end only the engine thread touches it."""
+    """The app serving `engine` (an Engine, or an EngineProcess: the engine in a process of
+    its own). The engine must not be used by anyone else meanwhile: from the lifespan's start
+    to its end only the engine thread touches it."""
     settings = settings or ServerSettings()
     model_path = engine.config.model
     model_id = served_model_id(model_path, settings.served_model_name)
     metrics = ServerMetrics(model_id)
-    metrics.weight_bytes.set(getattr(engine, "weight_bytes", 0))
-    loop = EngineLoop(engine, max_waiting=settings.max_waiting, metrics=metrics)
+    metrics.weight_bytes.set(engine.weight_bytes)
+    loop = _serving_loop(engine, settings, metrics)
     state = ServerState(loop, settings, model_id, aliases=(model_path,) if model_path else ())
     shutdown = GracefulShutdown(state, settings.shutdown_timeout_s)
     created = int(time.time())
@@ -53,10 +63,11 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         shutdown.loop = asyncio.get_running_loop()
+        metrics.serving_started()
         loop.start()
         metrics.set_engine_up(True)
         log.info("serving %s (context %d tokens, weights %.1f MiB)", model_id,
-                 loop.context_len, getattr(engine, "weight_bytes", 0) / (1 << 20))
+                 loop.context_len, engine.weight_bytes / (1 << 20))
         try:
             yield
         finally:
@@ -123,7 +134,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        rank_problem = loop.engine.rank_problem()  # a tensor-parallel rank that died
+        rank_problem = loop.rank_problem()  # a tensor-parallel rank that died
         alive = loop.alive and rank_problem is None
         document = {
             "status": "shutting_down" if state.draining else "ok" if alive

@@ -32,6 +32,7 @@ class BackgroundServer:
         self.settings = settings or ServerSettings()
         if self.settings.host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError("BackgroundServer binds to loopback only")
+        self.engine = engine  # an Engine, or an EngineProcess
         self.app = create_app(engine, self.settings)
         self.engine_loop = self.app.state.engine_loop
         self.metrics = self.app.state.metrics

@@ -132,6 +132,23 @@ class EngineLoop:
         serving (/health among them) while a long step runs."""
         return await asyncio.wrap_future(self._call_future(fn))
 
+    def call_method(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """`call` of the engine method `name` (what the engine process can run too)."""
+        return self.call(lambda engine: getattr(engine, name)(*args, **kwargs))
+
+    async def call_method_async(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return await self.call_async(lambda engine: getattr(engine, name)(*args, **kwargs))
+
+    def compile_grammar(self, spec: Any) -> concurrent.futures.Future[Any]:
+        """The engine's grammar compile (its own thread, cached): a Future."""
+        future: concurrent.futures.Future[Any] = self.engine.compile_grammar(spec)
+        return future
+
+    def rank_problem(self) -> str | None:
+        """Why a tensor-parallel rank cannot serve (it died or failed), or None."""
+        problem: str | None = self.engine.rank_problem()
+        return problem
+
     def _call_future(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future[Any]:
         if self.failure is not None or (self._thread is not None
                                         and not self._thread.is_alive()):

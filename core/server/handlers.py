@@ -112,7 +112,7 @@ class ServerState:
 
         param = gen.grammar_param or "structured_outputs"
         try:
-            await asyncio.wrap_future(self.loop.engine.compile_grammar(spec))
+            await asyncio.wrap_future(self.loop.compile_grammar(spec))
         except GrammarError as exc:
             raise APIError(400, f"{param}: {exc}", param=param) from None
 

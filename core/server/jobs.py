@@ -53,6 +53,7 @@ class RequestHandle:
         self.sent = 0
         self.prompt_sent = False
         self.final_posted = False
+        self.key = 0  # its id in the engine process (plugserve.server.engine_process)
 
     @property
     def arrival_s(self) -> float:

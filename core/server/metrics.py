@@ -11,6 +11,8 @@ metrics are thread-safe.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterable
 from itertools import pairwise
 from typing import Any
@@ -68,9 +70,14 @@ class ServerMetrics:
                                   registry=r)
         self.engine_up = Gauge("plugserve_engine_up", "1 while the engine thread serves",
                                registry=r)
-        self.loop_time = Gauge("plugserve_engine_loop_seconds", "The engine thread's time: "
-                               "engine_step and publish (wall), engine_thread_cpu; "
-                               "process_cpu is the whole process's CPU", ["part"], registry=r)
+        self.loop_time = Gauge("plugserve_engine_loop_seconds", "Where the serving time goes "
+                               "since the server started: engine_step and publish (wall), "
+                               "engine_thread_cpu; http_loop_cpu (the event loop thread: "
+                               "HTTP, JSON, SSE, tokenizing, detokenizing); process_cpu (this "
+                               "process); engine_process_cpu (with --engine-process)",
+                               ["part"], registry=r)
+        self._cpu0 = _process_cpu()
+        self._http_cpu0 = 0.0
         self.info = Gauge("plugserve_model_info", "The served model", ["model"], registry=r)
         self.weight_bytes = Gauge("plugserve_weight_bytes", "Resident bytes of the model's "
                                   "weights (quantized ones as their blocks)", registry=r)
@@ -118,16 +125,25 @@ class ServerMetrics:
         self.checker_steps.set(checker.get("steps_checked", 0))
         self.checker_idle.set(checker.get("idle_checks", 0))
 
-    def loop_times(self, parts: dict[str, float]) -> None:
-        import os
+    def serving_started(self) -> None:
+        """On the event loop thread, as the server starts: CPU counted from here on."""
+        self._cpu0 = _process_cpu()
+        self._http_cpu0 = time.thread_time()
 
+    def loop_times(self, parts: dict[str, float]) -> None:
+        """On the event loop thread (the /metrics handler)."""
         for name, value in parts.items():
             self.loop_time.labels(part=name).set(value)
-        cpu = os.times()
-        self.loop_time.labels(part="process_cpu").set(cpu.user + cpu.system)
+        self.loop_time.labels(part="process_cpu").set(_process_cpu() - self._cpu0)
+        self.loop_time.labels(part="http_loop_cpu").set(time.thread_time() - self._http_cpu0)
 
     def set_engine_up(self, up: bool) -> None:
         self.engine_up.set(1 if up else 0)
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
+
+
+def _process_cpu() -> float:
+    cpu = os.times()
+    return cpu.user + cpu.system

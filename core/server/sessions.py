@@ -61,9 +61,9 @@ def caller_key(request: Request) -> str | None:
     return getattr(request.state, "api_key_id", None)
 
 
-async def _on_engine(loop: EngineLoop, fn: Any) -> Any:
+async def _on_engine(loop: EngineLoop, method: str, *args: Any, **kwargs: Any) -> Any:
     try:
-        return await loop.call_async(fn)
+        return await loop.call_method_async(method, *args, **kwargs)
     except NotServing as exc:
         raise APIError(503, str(exc)) from None
     except SessionError as exc:
@@ -85,13 +85,13 @@ def add_session_routes(app: FastAPI, loop: EngineLoop, settings: ServerSettings,
     async def open_session(request: Request, body: SessionRequest | None = None
                            ) -> dict[str, Any]:
         timeout_s = (body or SessionRequest()).timeout_s
-        sid = await _on_engine(loop, lambda engine: engine.open_session(timeout_s=timeout_s))
+        sid = await _on_engine(loop, "open_session", timeout_s=timeout_s)
         owners.add(sid, caller_key(request))
         return {"id": sid, "object": "session", "timeout_s": timeout_s}
 
     @app.delete("/v1/sessions/{session_id}")
     async def close_session(request: Request, session_id: str) -> dict[str, Any]:
         owners.check(session_id, caller_key(request))
-        await _on_engine(loop, lambda engine: engine.close_session(session_id))
+        await _on_engine(loop, "close_session", session_id)
         owners.forget(session_id)
         return {"id": session_id, "object": "session", "deleted": True}

@@ -19,9 +19,15 @@ PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 12]
 TOL = 1e-6  # the same engine computes both: equal up to float printing
 
 
+
+@pytest.fixture(scope="module", params=["thread", "process"])
+def engine_mode(request: pytest.FixtureRequest) -> str:
+    """These tests cross the engine boundary: both modes (tests/server/conftest.py)."""
+    return str(request.param)
+
 def engine_result(server: BackgroundServer, prompt: list[int], **fields: Any) -> Any:
     sp = SamplingParams(temperature=0.0, **fields)
-    return server.engine_loop.call(lambda e: e.generate([prompt], sp)[0])
+    return server.engine_loop.call_method("generate", [prompt], sp)[0]
 
 
 def client(server: BackgroundServer) -> openai.OpenAI:

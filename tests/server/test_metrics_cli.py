@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,18 @@ from plugserve.server.background import BackgroundServer
 C = "/v1/completions"
 
 
-def test_metrics_after_requests(server: BackgroundServer, http: httpx.Client) -> None:
-    for _ in range(2):
-        assert http.post(C, json={"prompt": "Hi there", "max_tokens": 3,
-                                  "ignore_eos": True}).status_code == 200
-    http.post(C, json={"prompt": "x", "top_p": 0})
-    text = http.get("/metrics").text
+@pytest.mark.parametrize("engine_mode", ["thread", "process"])
+def test_metrics_after_requests(served: Any) -> None:
+    """With --engine-process the engine's figures come over with its step messages."""
+    with served() as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        for _ in range(2):
+            assert http.post(C, json={"prompt": "Hi there", "max_tokens": 3,
+                                      "ignore_eos": True}).status_code == 200
+        http.post(C, json={"prompt": "x", "top_p": 0})
+        deadline = time.monotonic() + 10  # the idle gauges follow the last answer
+        while _checked_steps(text := http.get("/metrics").text) == 0 \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
     for line in (
         'plugserve_requests_total{outcome="length"}',
         'plugserve_requests_total{outcome="rejected"}',
@@ -42,12 +49,17 @@ def test_metrics_after_requests(server: BackgroundServer, http: httpx.Client) ->
         "plugserve_engine_up 1.0",
     ):
         assert line in text, line
-    steps = next(float(row.split()[-1]) for row in text.splitlines()
-                 if row.startswith("plugserve_checker_steps_checked "))
-    assert steps > 0  # the checker proved the busy steps of these requests
-    weights = next(float(row.split()[-1]) for row in text.splitlines()
-                   if row.startswith("plugserve_weight_bytes "))
-    assert weights == server.engine_loop.engine.weight_bytes > 0
+    assert _metric(text, "plugserve_checker_steps_checked") > 0  # the checker proved the busy steps
+    assert _metric(text, "plugserve_weight_bytes") == server.engine.weight_bytes > 0
+
+
+def _checked_steps(metrics: str) -> float:
+    return _metric(metrics, "plugserve_checker_steps_checked")
+
+
+def _metric(metrics: str, name: str) -> float:
+    return next(float(row.split()[-1]) for row in metrics.splitlines()
+                if row.startswith(name + " "))
 
 
 def test_health(http: httpx.Client) -> None:
@@ -133,6 +145,7 @@ def test_engine_failure(tiny_model_dir: Path) -> None:
         engine.close()
 
 
+@pytest.mark.parametrize("engine_mode", ["thread", "process"])
 def test_kv_series_before_the_first_request(served: Any) -> None:
     with served() as server:
         text = httpx.get(server.url + "/metrics", timeout=30).text

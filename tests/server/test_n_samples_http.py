@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from plugserve.sampling import SamplingParams
 from plugserve.server.background import BackgroundServer
@@ -16,6 +17,12 @@ from tests.server.conftest import wait_idle
 
 PROMPTS = ["The capital of France is", "Once upon a time"]
 
+
+
+@pytest.fixture(scope="module", params=["thread", "process"])
+def engine_mode(request: pytest.FixtureRequest) -> str:
+    """These tests cross the engine boundary: both modes (tests/server/conftest.py)."""
+    return str(request.param)
 
 def client(server: BackgroundServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
@@ -27,7 +34,7 @@ def model_id(server: BackgroundServer) -> str:
 
 def greedy(server: BackgroundServer, prompt: str, max_tokens: int, chat: bool = False) -> Any:
     sp = SamplingParams(max_new_tokens=max_tokens, ignore_eos=True)
-    return server.engine_loop.call(lambda e: e.generate([prompt], sp, chat=chat)[0])
+    return server.engine_loop.call_method("generate", [prompt], sp, chat=chat)[0]
 
 
 def test_completions_n_per_prompt(server: BackgroundServer) -> None:

@@ -17,12 +17,18 @@ PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3,"]
 TOKEN_PROMPT = [5, 17, 42, 99, 3, 250, 7]
 
 
+
+@pytest.fixture(scope="module", params=["thread", "process"])
+def engine_mode(request: pytest.FixtureRequest) -> str:
+    """These tests cross the engine boundary: both modes (tests/server/conftest.py)."""
+    return str(request.param)
+
 def reference(server: BackgroundServer, prompt: str | list[int], max_tokens: int, *,
               chat: bool = False, stop: tuple[str, ...] = (), ignore_eos: bool = False) -> Any:
     """`Engine.generate` on the server's own engine, on the engine thread."""
     sp = SamplingParams(max_new_tokens=max_tokens, temperature=0.0, logprobs=True, stop=stop,
                         ignore_eos=ignore_eos)
-    return server.engine_loop.call(lambda e: e.generate([prompt], sp, chat=chat)[0])
+    return server.engine_loop.call_method("generate", [prompt], sp, chat=chat)[0]
 
 
 def model_id(server: BackgroundServer) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 
 from plugserve.engine import Engine
 from plugserve.sampling import SamplingParams
@@ -39,6 +40,7 @@ def _turn(client: openai.OpenAI, prompt: list[int], **extra: Any) -> Any:
     )
 
 
+@pytest.mark.parametrize("engine_mode", ["thread", "process"])
 def test_turns_match_the_whole_conversation(
     served: Callable[..., AbstractContextManager[BackgroundServer]], tiny_model_dir: Path
 ) -> None:
@@ -87,6 +89,7 @@ def test_sessions_need_the_streaming_session_policy(http: Any) -> None:
     assert "streaming_session" in refused.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("engine_mode", ["thread", "process"])
 def test_sessions_bound_to_their_key_and_unguessable(
     served: Callable[..., AbstractContextManager[BackgroundServer]]
 ) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from serve_process import free_port, start_serve, wait_healthy
 
 from plugserve.engine import Engine
@@ -44,9 +45,10 @@ def _stream_lines(url: str, out: list[Any], started: threading.Event) -> None:
     started.set()
 
 
-def test_sigterm_ends_streams_with_abort_and_done(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("mode", ["--no-engine-process", "--engine-process"])
+def test_sigterm_ends_streams_with_abort_and_done(tiny_model_dir: Path, mode: str) -> None:
     port = free_port()
-    proc = start_serve(tiny_model_dir, port, "--shutdown-timeout", "0")
+    proc = start_serve(tiny_model_dir, port, "--shutdown-timeout", "0", mode)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(proc, url)

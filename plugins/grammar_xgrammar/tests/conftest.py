@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -30,15 +31,30 @@ TOOLS_TEMPLATE = (
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path) -> Iterator[BackgroundServer]:
-    engine = Engine(model=str(tiny_model_dir), mem_check=1, check_pages=True,
-                    grammar_backend="xgrammar")
-    engine.tokenizer.chat_template = TOOLS_TEMPLATE
+def engine_mode() -> str:
+    """Where the engine runs: "thread" (this process) or "process" (`EngineProcess`)."""
+    return "thread"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path, engine_mode: str) -> Iterator[BackgroundServer]:
+    settings = {"model": str(tiny_model_dir), "mem_check": 1, "check_pages": True,
+                "grammar_backend": "xgrammar"}
+    if engine_mode == "process":
+        from plugserve.config import EngineConfig
+        from plugserve.server.engine_process import EngineProcess
+
+        engine: Any = EngineProcess(EngineConfig(**settings))
+    else:
+        engine = Engine(**settings)
+    engine.tokenizer.chat_template = TOOLS_TEMPLATE  # the HTTP side renders the messages
     try:
         with BackgroundServer(engine) as live:
             yield live
         assert live.engine_loop.failure is None
-        assert_memory_whole(engine)
+        assert live.engine_loop.idle_memory_problem is None  # the last idle check
+        if engine_mode == "thread":
+            assert_memory_whole(engine)
     finally:
         engine.close()
 
