@@ -12,6 +12,7 @@ machine's read bandwidth (`sum()` of a large fp32 tensor) is printed for scale.
         [--rows 1]
 
 Weights are random valid blocks (speed does not depend on the values); best of --repeats.
+The K-quants (256-weight superblocks) apply only to the 1536-column matrix.
 """
 
 from __future__ import annotations
@@ -107,6 +108,9 @@ def main() -> None:
                       f"{100 * gbs / bandwidth:6.0f}%{us:9.1f}{fp32_us / us:8.2f}")
                 del copies
             for name in args.formats.split(","):
+                if in_f % KEPT_TYPES[name].block_elems:
+                    print(f"{name:<10}{'(n/a: ' + str(in_f) + ' columns)':>30}")
+                    continue
                 w = random_blocks(name, out_f, in_f, rng)
                 nbytes = w.nbytes
                 copies = [QuantBlocks(w.qtype, w.data.clone(), w.rows, w.cols)

@@ -23,8 +23,9 @@ from plugserve.kernels import build
 from plugserve.quant.blocks import QuantBlocks
 from plugserve.quant.reference import Activations, reference_linear
 
-# Rows of x up to which the streaming kernel runs; past it the tiled GEMM is faster
-# (`benchmarks/quant_linear_speed.py --rows` measures the crossing).
+# Rows of x up to which the streaming kernel runs, past which the tiled GEMM does: the dense
+# few-row kernel's limit (skinny_linear.MAX_ROWS), not yet measured for the quantized kernels
+# (`benchmarks/quant_linear_speed.py --rows R` times the streaming kernel at R rows).
 MAX_FEW_ROWS = 8
 # Bytes of dequantized weight per GEMM tile: it stays in L2 while the GEMM reads it.
 TILE_BYTES = 1 << 20
