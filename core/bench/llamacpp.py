@@ -15,19 +15,19 @@ llama.cpp runs batch 1 (one sequence) whatever `--batch-size` the engine ran.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plugserve.bench.foreign_python import EXIT_MISSING_MODULE, check_interpreter, last_line
+
 DRIVER = Path(__file__).with_name("llamacpp_driver.py")
 SETUP_HINT = ("run benchmarks/setup_llamacpp.sh (it creates .venv-llamacpp) and pass "
               "--llamacpp-python .venv-llamacpp/bin/python")
 FIRST_TOKENS = 32
-EXIT_NO_LLAMA_CPP = 3  # llamacpp_driver.py: llama_cpp does not import
-CHECK_TIMEOUT_S = 120.0
+EXIT_NO_LLAMA_CPP = EXIT_MISSING_MODULE  # llamacpp_driver.py: llama_cpp does not import
 
 
 class LlamaCppError(RuntimeError):
@@ -64,28 +64,9 @@ class LlamaCppComparison:
         if not device.startswith("cpu"):
             raise LlamaCppError(f"--compare llamacpp runs llama.cpp on the CPU; plugserve "
                                 f"would run on {device!r}: compare with --device cpu")
-        python = self.python
-        if not python.exists():
-            raise LlamaCppError(f"--llamacpp-python {str(python)!r}: no such interpreter; "
-                                f"{SETUP_HINT}")
-        if python.is_dir() or not os.access(python, os.X_OK):
-            raise LlamaCppError(f"--llamacpp-python {str(python)!r} is not an executable "
-                                f"Python interpreter; {SETUP_HINT}")
-        probe = ("import importlib.util, sys; "
-                 "sys.exit(0 if importlib.util.find_spec('llama_cpp') else 3)")
-        try:
-            done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True,
-                                  timeout=CHECK_TIMEOUT_S, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise LlamaCppError(f"--llamacpp-python {str(python)!r} could not be run ({exc}); "
-                                f"{SETUP_HINT}") from None
-        if done.returncode == EXIT_NO_LLAMA_CPP:
-            raise LlamaCppError(f"llama_cpp (llama-cpp-python) is not installed for "
-                                f"--llamacpp-python {str(python)!r}; {SETUP_HINT}")
-        if done.returncode != 0:
-            reason = _last_line(done.stderr) or f"exit {done.returncode}"
-            raise LlamaCppError(f"--llamacpp-python {str(python)!r} is not a working Python "
-                                f"interpreter ({reason}); {SETUP_HINT}")
+        check_interpreter(self.python, flag="--llamacpp-python", module="llama_cpp",
+                          package="llama_cpp (llama-cpp-python)", setup_hint=SETUP_HINT,
+                          error=LlamaCppError)
 
     def run(self, model: Path, prompt: list[int], output_len: int, n_threads: int,
             num_iters: int, num_iters_warmup: int) -> dict[str, Any]:
@@ -117,7 +98,7 @@ class LlamaCppComparison:
                 raise LlamaCppError(f"--llamacpp-python {python!r} could not be run ({exc}); "
                                     f"{SETUP_HINT}") from None
             log.seek(0)
-            last = _last_line(log.read())
+            last = last_line(log.read())
         if done.returncode == EXIT_NO_LLAMA_CPP:
             raise LlamaCppError(f"llama_cpp does not import under --llamacpp-python "
                                 f"{python!r} ({last}); {SETUP_HINT}")
@@ -135,8 +116,3 @@ class LlamaCppComparison:
                                 f"unexpected result; its log: {log.name}")
         Path(log.name).unlink(missing_ok=True)
         return result
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from plugserve.bench.foreign_python import EXIT_MISSING_MODULE, check_interpreter, last_line
+
 if TYPE_CHECKING:
     from plugserve.bench.runner import Measured, Runner
     from plugserve.config import EngineConfig
@@ -40,9 +42,8 @@ SETUP_HINT = ("run benchmarks/setup_vllm.sh (it creates .venv-vllm) and pass "
 FIRST_TOKENS = 32
 KV_CACHE_GIB = 4
 WORKLOADS = ("throughput", "prefill", "shared-prefix", "spec")  # offline workloads with timed engine runs
-EXIT_NO_VLLM = 3  # vllm_driver.py: vllm does not import
+EXIT_NO_VLLM = EXIT_MISSING_MODULE  # vllm_driver.py: vllm does not import
 EXIT_BAD_INPUT = 2
-CHECK_TIMEOUT_S = 120.0
 
 
 class VllmError(RuntimeError):
@@ -66,27 +67,8 @@ class VllmComparison:
         if not str(config.device).startswith("cpu"):
             raise VllmError(f"--compare vllm runs vLLM's CPU build; plugserve would run on "
                             f"{config.device!r}: compare with --device cpu")
-        python = self.python
-        if not python.exists():
-            raise VllmError(f"--vllm-python {str(python)!r}: no such interpreter; {SETUP_HINT}")
-        if python.is_dir() or not os.access(python, os.X_OK):
-            raise VllmError(f"--vllm-python {str(python)!r} is not an executable Python "
-                            f"interpreter; {SETUP_HINT}")
-        probe = ("import importlib.util, sys; "
-                 "sys.exit(0 if importlib.util.find_spec('vllm') else 3)")
-        try:
-            done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True,
-                                  timeout=CHECK_TIMEOUT_S, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise VllmError(f"--vllm-python {str(python)!r} could not be run ({exc}); "
-                            f"{SETUP_HINT}") from None
-        if done.returncode == EXIT_NO_VLLM:
-            raise VllmError(f"vllm is not installed for --vllm-python {str(python)!r}; "
-                            f"{SETUP_HINT}")
-        if done.returncode != 0:
-            raise VllmError(f"--vllm-python {str(python)!r} is not a working Python "
-                            f"interpreter ({_last_line(done.stderr) or f'exit {done.returncode}'}"
-                            f"); {SETUP_HINT}")
+        check_interpreter(self.python, flag="--vllm-python", module="vllm", package="vllm",
+                          setup_hint=SETUP_HINT, error=VllmError)
 
     def run_measured(self, runner: Runner, measured: Sequence[Measured]) -> dict[str, Any]:
         """vLLM on the requests of the first timed engine run (the same ids and lengths)."""
@@ -136,7 +118,7 @@ class VllmComparison:
                 raise VllmError(f"--vllm-python {python!r} could not be run ({exc}); "
                                 f"{SETUP_HINT}") from None
             log.seek(0)
-            last = _last_line(log.read())
+            last = last_line(log.read())
         if done.returncode == EXIT_NO_VLLM:
             raise VllmError(f"vllm does not import under --vllm-python {python!r} ({last}); "
                             f"{SETUP_HINT}")
@@ -249,8 +231,3 @@ def add_vllm_comparison(report: dict[str, Any], result: dict[str, Any],
                 run_measured.outputs, first_tokens,
                 int(result.get("agreement_tokens", FIRST_TOKENS)),
             )
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
