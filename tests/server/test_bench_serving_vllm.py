@@ -23,6 +23,13 @@ from plugserve.cli import app
 FAKE = Path(__file__).with_name("fake_vllm.py")
 
 
+def new_children(before: set[int]) -> list[int]:
+    """This process's children still alive that were not there before the run (a process
+    an earlier test left for the whole session, e.g. multiprocessing's resource tracker
+    after a spawn, is not this run's)."""
+    return [p for p in children_of(os.getpid()) if p not in before and alive(p)]
+
+
 def fake_vllm_python(folder: Path) -> Path:
     wrapper = folder / "python"
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
@@ -32,6 +39,7 @@ def fake_vllm_python(folder: Path) -> Path:
 
 @pytest.mark.parametrize("dataset", ["random", "chat"])
 def test_compare_vllm_plumbing(tiny_model_dir: Path, tmp_path: Path, dataset: str) -> None:
+    before = set(children_of(os.getpid()))
     run: Any = CliRunner().invoke(app, [
         "bench", "serving", "--compare", "vllm", "--vllm-python",
         str(fake_vllm_python(tmp_path)), "--model", str(tiny_model_dir), "--num-seqs", "4",
@@ -57,7 +65,7 @@ def test_compare_vllm_plumbing(tiny_model_dir: Path, tmp_path: Path, dataset: st
     assert "engine_process_cpu" in report["plugserve"]["time_split_s"]
     assert "engine_process_cpu" not in report["plugserve_thread"]["time_split_s"]
     assert report["plugserve_vs_vllm"] == report["plugserve"]["vs_vllm"]
-    left = [p for p in children_of(os.getpid()) if alive(p)]
+    left = new_children(before)
     assert not left, f"processes left: {left}"
 
 
@@ -68,10 +76,11 @@ def test_compare_vllm_client_failure_stops_the_server(tiny_model_dir: Path,
     broken.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then exit 3; fi\n'
                       f'exec "{sys.executable}" "{FAKE}" "$@"\n')
     broken.chmod(broken.stat().st_mode | stat.S_IXUSR)
+    before = set(children_of(os.getpid()))
     run: Any = CliRunner().invoke(app, [
         "bench", "serving", "--compare", "vllm", "--vllm-python", str(broken), "--model",
         str(tiny_model_dir), "--num-seqs", "2", "--input-len", "8", "--output-len", "4"])
     assert run.exit_code != 0
     assert "vllm bench serve against plugserve failed (exit 3)" in run.stderr
-    left = [p for p in children_of(os.getpid()) if alive(p)]
+    left = new_children(before)
     assert not left, f"processes left: {left}"
