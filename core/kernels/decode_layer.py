@@ -16,7 +16,10 @@ path everywhere `applies` says no):
   step through all of them in one call, each layer's `decode_step` with its plan.
 
 It takes the Llama form of the layer (no q/k norms, no sandwich norms, SiLU, plain RMSNorm
-weights) where the few-row linear kernel applies (`plugserve.kernels.skinny_linear`).
+weights) where the few-row linear kernel applies (`plugserve.kernels.skinny_linear`). A
+projection's weight (`ProjWeight`) is dense, or GGML blocks stacked along its outputs
+(`plugserve.model.quant_weight`), multiplied by the few-row quantized kernel
+(`plugserve.kernels.quant_linear`) with int8 or float activations, as the op-by-op path does.
 """
 
 from __future__ import annotations
@@ -29,8 +32,15 @@ import torch
 
 from plugserve.kernels import build, paged_decode
 from plugserve.kernels import fused_elementwise as fused
+from plugserve.kernels import quant_linear as quant
 from plugserve.kernels import skinny_linear as skinny
 from plugserve.kernels.paged_decode import PagedDecodePlan
+from plugserve.quant.blocks import QuantBlocks
+from plugserve.quant.reference import Activations
+
+# A projection's weight: dense [outputs, inputs], or block-quantized parts stacked along the
+# outputs (a `WeightHolder`'s `matrix`).
+ProjWeight = torch.Tensor | tuple[QuantBlocks, ...]
 
 
 def available() -> bool:
@@ -42,16 +52,46 @@ def why_unavailable() -> str | None:
     return build.unavailable_reason()
 
 
-def applies(hidden: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor) -> bool:
+def applies(hidden: torch.Tensor, qkv_weight: ProjWeight, cos: torch.Tensor) -> bool:
     """True when a layer whose qkv projection is `qkv_weight` should run its step of
-    `hidden` [rows, hidden_size] (rope angles `cos`) here: the few-row linear takes these rows
-    and this dtype, and no gradient is wanted. (The caller also checks that its weights are
-    read as stored: see `plugserve.model.layers.multiplies_as_stored`.)"""
-    if torch.is_grad_enabled() and (hidden.requires_grad or qkv_weight.requires_grad):
-        return False
+    `hidden` [rows, hidden_size] (rope angles `cos`) here: the few-row linear (dense or
+    quantized) takes these rows and this dtype, and no gradient is wanted. (The caller also
+    checks that its dense weights are read as stored: see
+    `plugserve.model.layers.multiplies_as_stored`.)"""
     if cos.dtype != hidden.dtype:
         return False
+    if isinstance(qkv_weight, tuple):
+        return (
+            not (torch.is_grad_enabled() and hidden.requires_grad)
+            and hidden.ndim == 2 and hidden.is_cpu and 0 < hidden.shape[0] <= quant.MAX_FEW_ROWS
+            and hidden.dtype in (torch.float32, torch.bfloat16) and available()
+        )
+    if torch.is_grad_enabled() and (hidden.requires_grad or qkv_weight.requires_grad):
+        return False
     return skinny.applies(hidden, qkv_weight)
+
+
+def op_weight(weight: ProjWeight) -> tuple[list[torch.Tensor], list[str]]:
+    """A projection's weight as the compiled ops take it: its tensors and their block formats
+    (none for a dense weight)."""
+    if isinstance(weight, tuple):
+        return [p.data for p in weight], [p.qtype.name for p in weight]
+    return [weight], []
+
+
+def linear_reference(
+    x: torch.Tensor, weight: ProjWeight, bias: torch.Tensor | None, activations: Activations,
+) -> torch.Tensor:
+    """The op-by-op path's projection: the few-row linear, dense or quantized (each part
+    with its slice of the bias, the outputs joined, as `quant_weight.quant_matmul` does)."""
+    if not isinstance(weight, tuple):
+        return skinny.skinny_linear(x, weight, bias)
+    outs, row = [], 0
+    for part in weight:
+        part_bias = None if bias is None else bias[row : row + part.rows]
+        outs.append(quant.few_rows(x, part, part_bias, activations))
+        row += part.rows
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
 def _module() -> Any:
@@ -59,89 +99,94 @@ def _module() -> Any:
 
 
 def attention_input(
-    hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv_weight: torch.Tensor,
+    hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv_weight: ProjWeight,
     qkv_bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-    rotated_heads: int, head_dim: int,
+    rotated_heads: int, head_dim: int, activations: Activations = "int8",
 ) -> torch.Tensor:
     """qkv [rows, outputs] = rms_norm(hidden) @ qkv_weight.T (+ qkv_bias), with its first
     `rotated_heads` heads of `head_dim` (q then k) rotated by cos / sin ([rows, head_dim // 2])."""
     qkv: torch.Tensor = _module().attention_input(
-        hidden, norm_weight, eps, qkv_weight, qkv_bias, cos, sin, rotated_heads, head_dim
+        hidden, norm_weight, eps, *op_weight(qkv_weight), qkv_bias, cos, sin, rotated_heads,
+        head_dim, activations == "int8",
     )
     return qkv
 
 
 def attention_output_and_mlp(
-    attn: torch.Tensor, o_weight: torch.Tensor, o_bias: torch.Tensor | None,
+    attn: torch.Tensor, o_weight: ProjWeight, o_bias: torch.Tensor | None,
     residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-    gate_up_weight: torch.Tensor, gate_up_bias: torch.Tensor | None,
-    down_weight: torch.Tensor, down_bias: torch.Tensor | None,
+    gate_up_weight: ProjWeight, gate_up_bias: torch.Tensor | None,
+    down_weight: ProjWeight, down_bias: torch.Tensor | None, activations: Activations = "int8",
 ) -> torch.Tensor:
     """The layer's output: h + down(silu(gate(x)) * up(x)) for h = residual + attn @ o.T and
     x = rms_norm(h); gate and up are the halves of the fused gate_up projection."""
     out: torch.Tensor = _module().attention_output_and_mlp(
-        attn, o_weight, o_bias, residual, norm_weight, eps, gate_up_weight, gate_up_bias,
-        down_weight, down_bias,
+        attn, *op_weight(o_weight), o_bias, residual, norm_weight, eps,
+        *op_weight(gate_up_weight), gate_up_bias, *op_weight(down_weight), down_bias,
+        activations == "int8",
     )
     return out
 
 
 def decode_step(
     hidden: torch.Tensor, input_norm_weight: torch.Tensor, input_eps: float,
-    qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None, cos: torch.Tensor,
+    qkv_weight: ProjWeight, qkv_bias: torch.Tensor | None, cos: torch.Tensor,
     sin: torch.Tensor, heads: int, kv_heads: int, head_dim: int, plan: PagedDecodePlan,
-    o_weight: torch.Tensor, o_bias: torch.Tensor | None, post_norm_weight: torch.Tensor,
-    post_eps: float, gate_up_weight: torch.Tensor, gate_up_bias: torch.Tensor | None,
-    down_weight: torch.Tensor, down_bias: torch.Tensor | None,
+    o_weight: ProjWeight, o_bias: torch.Tensor | None, post_norm_weight: torch.Tensor,
+    post_eps: float, gate_up_weight: ProjWeight, gate_up_bias: torch.Tensor | None,
+    down_weight: ProjWeight, down_bias: torch.Tensor | None, activations: Activations = "int8",
 ) -> torch.Tensor:
     """The whole layer for a decode step: `attention_input`, the new k and v stored and the
     paged-decode attention as `plan` describes them, then `attention_output_and_mlp`."""
     out: torch.Tensor = _module().decode_step(
-        hidden, input_norm_weight, input_eps, qkv_weight, qkv_bias, cos, sin, heads, kv_heads,
-        head_dim, plan.k_buffer, plan.v_buffer, plan.store_slots, plan.slots, plan.first_key,
-        plan.kv_lens, plan.scale, o_weight, o_bias, post_norm_weight, post_eps, gate_up_weight,
-        gate_up_bias, down_weight, down_bias,
+        hidden, input_norm_weight, input_eps, *op_weight(qkv_weight), qkv_bias, cos, sin,
+        heads, kv_heads, head_dim, plan.k_buffer, plan.v_buffer, plan.store_slots, plan.slots,
+        plan.first_key, plan.kv_lens, plan.scale, *op_weight(o_weight), o_bias,
+        post_norm_weight, post_eps, *op_weight(gate_up_weight), gate_up_bias,
+        *op_weight(down_weight), down_bias, activations == "int8",
     )
     return out
 
 
 def attention_input_reference(
-    hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv_weight: torch.Tensor,
+    hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv_weight: ProjWeight,
     qkv_bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-    rotated_heads: int, head_dim: int,
+    rotated_heads: int, head_dim: int, activations: Activations = "int8",
 ) -> torch.Tensor:
     """The op-by-op path: the fused norm, the few-row linear, rope in place."""
-    qkv = skinny.skinny_linear(fused.rms_norm(hidden, norm_weight, eps), qkv_weight, qkv_bias)
+    normed = fused.rms_norm(hidden, norm_weight, eps)
+    qkv = linear_reference(normed, qkv_weight, qkv_bias, activations)
     qk = qkv[:, : rotated_heads * head_dim].view(qkv.shape[0], rotated_heads, head_dim)
     fused.rope_(qk, cos, sin)
     return qkv
 
 
 def attention_output_and_mlp_reference(
-    attn: torch.Tensor, o_weight: torch.Tensor, o_bias: torch.Tensor | None,
+    attn: torch.Tensor, o_weight: ProjWeight, o_bias: torch.Tensor | None,
     residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-    gate_up_weight: torch.Tensor, gate_up_bias: torch.Tensor | None,
-    down_weight: torch.Tensor, down_bias: torch.Tensor | None,
+    gate_up_weight: ProjWeight, gate_up_bias: torch.Tensor | None,
+    down_weight: ProjWeight, down_bias: torch.Tensor | None, activations: Activations = "int8",
 ) -> torch.Tensor:
     """The op-by-op path, as `DecoderLayer.forward` runs it."""
-    out = skinny.skinny_linear(attn, o_weight, o_bias)
+    out = linear_reference(attn, o_weight, o_bias, activations)
     mlp_in, hidden = fused.add_rms_norm(out, residual, norm_weight, eps)
-    gate_up = skinny.skinny_linear(mlp_in, gate_up_weight, gate_up_bias)
-    return hidden + skinny.skinny_linear(fused.silu_mul(gate_up), down_weight, down_bias)
+    gate_up = linear_reference(mlp_in, gate_up_weight, gate_up_bias, activations)
+    mlp = linear_reference(fused.silu_mul(gate_up), down_weight, down_bias, activations)
+    return hidden + mlp
 
 
 def decode_step_reference(
     hidden: torch.Tensor, input_norm_weight: torch.Tensor, input_eps: float,
-    qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None, cos: torch.Tensor,
+    qkv_weight: ProjWeight, qkv_bias: torch.Tensor | None, cos: torch.Tensor,
     sin: torch.Tensor, heads: int, kv_heads: int, head_dim: int, plan: PagedDecodePlan,
-    o_weight: torch.Tensor, o_bias: torch.Tensor | None, post_norm_weight: torch.Tensor,
-    post_eps: float, gate_up_weight: torch.Tensor, gate_up_bias: torch.Tensor | None,
-    down_weight: torch.Tensor, down_bias: torch.Tensor | None,
+    o_weight: ProjWeight, o_bias: torch.Tensor | None, post_norm_weight: torch.Tensor,
+    post_eps: float, gate_up_weight: ProjWeight, gate_up_bias: torch.Tensor | None,
+    down_weight: ProjWeight, down_bias: torch.Tensor | None, activations: Activations = "int8",
 ) -> torch.Tensor:
     """The op-by-op path, as the layer and a backend's `forward` run it."""
     qkv = attention_input_reference(
         hidden, input_norm_weight, input_eps, qkv_weight, qkv_bias, cos, sin,
-        heads + kv_heads, head_dim,
+        heads + kv_heads, head_dim, activations,
     )
     rows, q_width, kv_width = qkv.shape[0], heads * head_dim, kv_heads * head_dim
     k = qkv[:, q_width : q_width + kv_width].view(rows, kv_heads, head_dim)
@@ -154,30 +199,32 @@ def decode_step_reference(
     )
     return attention_output_and_mlp_reference(
         attn.reshape(rows, q_width), o_weight, o_bias, hidden, post_norm_weight, post_eps,
-        gate_up_weight, gate_up_bias, down_weight, down_bias,
+        gate_up_weight, gate_up_bias, down_weight, down_bias, activations,
     )
 
 
 @dataclass(frozen=True)
 class LayerWeights:
     """One Llama-form decoder layer as `decode_step` takes it: its norms, projections and
-    attention shape (the parameters themselves, not copies)."""
+    attention shape (the parameters themselves, not copies), and the activations its quantized
+    projections take."""
 
     input_norm: torch.Tensor
     input_eps: float
-    qkv: torch.Tensor
+    qkv: ProjWeight
     qkv_bias: torch.Tensor | None
     heads: int
     kv_heads: int
     head_dim: int
-    o: torch.Tensor
+    o: ProjWeight
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
     post_eps: float
-    gate_up: torch.Tensor
+    gate_up: ProjWeight
     gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
+    down: ProjWeight
     down_bias: torch.Tensor | None
+    activations: Activations = "int8"
 
     def attention_input(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -185,7 +232,7 @@ class LayerWeights:
         """`attention_input` with this layer's weights: qkv with q and k rotated."""
         return attention_input(
             hidden, self.input_norm, self.input_eps, self.qkv, self.qkv_bias, cos, sin,
-            self.heads + self.kv_heads, self.head_dim,
+            self.heads + self.kv_heads, self.head_dim, self.activations,
         )
 
     def attention_output_and_mlp(
@@ -194,7 +241,7 @@ class LayerWeights:
         """`attention_output_and_mlp` with this layer's weights."""
         return attention_output_and_mlp(
             attn, self.o, self.o_bias, residual, self.post_norm, self.post_eps, self.gate_up,
-            self.gate_up_bias, self.down, self.down_bias,
+            self.gate_up_bias, self.down, self.down_bias, self.activations,
         )
 
     def decode_step(
@@ -207,7 +254,7 @@ class LayerWeights:
             hidden, self.input_norm, self.input_eps, self.qkv, self.qkv_bias, cos, sin,
             self.heads, self.kv_heads, self.head_dim, plan, self.o, self.o_bias,
             self.post_norm, self.post_eps, self.gate_up, self.gate_up_bias, self.down,
-            self.down_bias,
+            self.down_bias, self.activations,
         )
 
 
@@ -223,12 +270,17 @@ class DecodeStack:
         library = build.library()
         if library is None:
             raise RuntimeError(f"the decode_layer CPU kernel is unavailable: {why_unavailable()}")
+        qkv, o, gate_up, down = (
+            [op_weight(getattr(w, name)) for w in f] for name in ("qkv", "o", "gate_up", "down")
+        )
         self._stack = library.decode_stack_class(
-            [w.input_norm for w in f], [w.input_eps for w in f], [w.qkv for w in f],
-            [w.qkv_bias for w in f], [w.heads for w in f], [w.kv_heads for w in f],
-            [w.head_dim for w in f], [w.o for w in f], [w.o_bias for w in f],
-            [w.post_norm for w in f], [w.post_eps for w in f], [w.gate_up for w in f],
-            [w.gate_up_bias for w in f], [w.down for w in f], [w.down_bias for w in f],
+            [w.input_norm for w in f], [w.input_eps for w in f], [p for p, _ in qkv],
+            [n for _, n in qkv], [w.qkv_bias for w in f], [w.heads for w in f],
+            [w.kv_heads for w in f], [w.head_dim for w in f], [p for p, _ in o],
+            [n for _, n in o], [w.o_bias for w in f], [w.post_norm for w in f],
+            [w.post_eps for w in f], [p for p, _ in gate_up], [n for _, n in gate_up],
+            [w.gate_up_bias for w in f], [p for p, _ in down], [n for _, n in down],
+            [w.down_bias for w in f], [int(w.activations == "int8") for w in f],
         )
 
     def run(

@@ -153,7 +153,7 @@ class DecoderLayer(nn.Module):
         forward_batch: ForwardBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        if self.has_llama_form and _few_rows_apply(hidden, self.self_attn.qkv_proj.weight, cos):
+        if self.has_llama_form and _few_rows_apply(hidden, self.self_attn.qkv_proj.matrix, cos):
             plan = backend.paged_decode_plan(self.self_attn.layer, forward_batch)
             return self.forward_few_rows(hidden, cos, sin, forward_batch, backend, plan)
         attn = self.self_attn(self.input_layernorm(hidden), cos, sin, forward_batch, backend)
@@ -166,14 +166,16 @@ class DecoderLayer(nn.Module):
         return hidden + post_mlp(self.mlp(mlp_in))
 
     def decode_weights(self) -> decode_layer.LayerWeights:
-        """This (Llama-form) layer's parameters as the compiled decode step takes them."""
+        """This (Llama-form) layer's parameters as the compiled decode step takes them (a
+        quantized projection's blocks as they are held)."""
         attn, mlp = self.self_attn, self.mlp
         input_norm, post_norm = self.input_layernorm, self.post_attention_layernorm
         return decode_layer.LayerWeights(
-            input_norm.weight, input_norm.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
-            attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.o_proj.weight,
-            attn.o_proj.bias, post_norm.weight, post_norm.eps, mlp.gate_up_proj.weight,
-            mlp.gate_up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias,
+            input_norm.weight, input_norm.eps, attn.qkv_proj.matrix, attn.qkv_proj.bias,
+            attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.o_proj.matrix,
+            attn.o_proj.bias, post_norm.weight, post_norm.eps, mlp.gate_up_proj.matrix,
+            mlp.gate_up_proj.bias, mlp.down_proj.matrix, mlp.down_proj.bias,
+            attn.qkv_proj.quant_activations,
         )
 
     def forward_few_rows(
@@ -198,9 +200,13 @@ class DecoderLayer(nn.Module):
         return weights.attention_output_and_mlp(out, hidden)
 
 
-def _few_rows_apply(hidden: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor) -> bool:
-    """Whether a Llama-form layer runs these rows through `plugserve.kernels.decode_layer`."""
-    return decode_layer.applies(hidden, qkv_weight, cos) and multiplies_as_stored(qkv_weight)
+def _few_rows_apply(
+    hidden: torch.Tensor, qkv_weight: decode_layer.ProjWeight, cos: torch.Tensor
+) -> bool:
+    """Whether a Llama-form layer runs these rows through `plugserve.kernels.decode_layer`
+    (a quantized projection always multiplies as stored)."""
+    return decode_layer.applies(hidden, qkv_weight, cos) and (
+        isinstance(qkv_weight, tuple) or multiplies_as_stored(qkv_weight))
 
 
 def _norm(arch: ModelArchConfig, size: int, dtype: torch.dtype, device: Device) -> RMSNorm:
@@ -312,15 +318,6 @@ class CausalLM(nn.Module):
         """The LM head's values, dequantized when it is quantized (a copy then)."""
         return self.lm_head_holder.dense_weight()
 
-    def note_quantized(self) -> None:
-        """After quantized weights were installed: a layer holding any takes the per-layer
-        torch path (the compiled decode step reads dense weights only)."""
-        for layer in self.decoder_layers:
-            if any(isinstance(m, WeightHolder) and m.quant is not None for m in layer.modules()):
-                layer.has_llama_form = False
-        self.all_llama_form = self.all_llama_form and all(
-            layer.has_llama_form for layer in self.decoder_layers)
-
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The decoder's input for `input_ids` (scaled embeddings where the arch scales)."""
         hidden = self.embed_tokens(input_ids)
@@ -345,7 +342,7 @@ class CausalLM(nn.Module):
             ropes.append(self.local_rotary(forward_batch.positions))
         hidden = self.embed(forward_batch.input_ids)
         cos, sin = ropes[0]
-        first_qkv = self.decoder_layers[0].self_attn.qkv_proj.weight if self.all_llama_form else None
+        first_qkv = self.decoder_layers[0].self_attn.qkv_proj.matrix if self.all_llama_form else None
         if first_qkv is not None and _few_rows_apply(hidden, first_qkv, cos):
             hidden = self._decode_layers(hidden, cos, sin, forward_batch, backend)
         else:

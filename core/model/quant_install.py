@@ -74,4 +74,3 @@ def install_quantized(model: CausalLM, pending: QuantParts, activations: Activat
                 continue
             for start, blocks in parts:
                 param[start : start + blocks.rows].copy_(dequantize(blocks, param.dtype))
-    model.note_quantized()

@@ -5,7 +5,9 @@
 - `quantization` q8_0 / q4_0 / q4_k on an HF folder gives the greedy tokens of the same
   model with the quantized-then-dequantized weights run dense, and `weight_bytes` counts
   every matrix as its blocks;
-- matrices whose columns are not whole blocks stay dense, listed in one log line.
+- matrices whose columns are not whole blocks stay dense, listed in one log line;
+- a Q8_0 / Q4_1 GGUF's decode steps through the compiled decode stack give the greedy tokens
+  of the per-layer path, with int8 and float activations.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file, save_file
 
+from plugserve.kernels import decode_layer
 from plugserve.model.quant_on_load import is_layer_matrix
 from plugserve.quant.quantize import quantize
 from plugserve.quant.reference import dequantize
@@ -82,6 +85,32 @@ class TestQuantizedEngine(EngineTest):
         expected = hf_greedy(tmp_path, PROMPTS, MAX_NEW, gguf_file="tiny.gguf")
         got, _ = self._greedy(model=str(tmp_path / "tiny.gguf"), quant_activations="float")
         assert got == expected
+
+    @pytest.mark.parametrize("quant", ["Q8_0", "Q4_1"])
+    @pytest.mark.parametrize("activations", ["int8", "float"])
+    def test_gguf_decode_stack_matches_the_per_layer_path(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quant: str, activations: str
+    ) -> None:
+        if not decode_layer.available():
+            pytest.skip(f"decode_layer kernel unavailable: {decode_layer.why_unavailable()}")
+        hf = tiny_hf_model("llama", tmp_path / "hf", seed=7)
+        write_tiny_gguf(hf, tmp_path / "tiny.gguf", quant=quant)
+        runs = 0
+        real_run = decode_layer.DecodeStack.run
+
+        def counting(stack: decode_layer.DecodeStack, *args: Any) -> Any:
+            nonlocal runs
+            runs += 1
+            return real_run(stack, *args)
+
+        monkeypatch.setattr(decode_layer.DecodeStack, "run", counting)
+        config = {"model": str(tmp_path / "tiny.gguf"), "quant_activations": activations}
+        compiled, _ = self._greedy(**config)
+        compiled_runs = runs
+        assert compiled_runs >= max(MAX_NEW) - 1  # every decode step: the stack in one call
+        monkeypatch.setattr(decode_layer, "applies", lambda *args: False)
+        per_layer, _ = self._greedy(**config)
+        assert runs == compiled_runs and compiled == per_layer
 
     @pytest.mark.parametrize("quantization", ["q8_0", "q4_0", "q4_k"])
     def test_quantization_on_load_matches_the_dequantized_model(

@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 
 #include "../dispatch.h"
 
@@ -75,6 +76,11 @@ inline at::Tensor bias_as_float(const std::optional<at::Tensor>& bias, int64_t o
 // out [M, N] = x [M, K] @ w [N, K].T + bias32 with the few-row kernel (ops/linear.cpp).
 void skinny_linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias32,
                         at::Tensor& out);
+
+// out [M, N] = x [M, K] @ dequantize(w).T (+ bias) with the few-row kernel over GGML blocks
+// of `format` (q8_0, q4_0, ...; ops/quant_linear.cpp), x float32 or bfloat16.
+at::Tensor quant_linear(at::Tensor x, at::Tensor w, const std::string& format,
+                        const std::optional<at::Tensor>& bias, bool int8_activations);
 
 // The elementwise kernels on tensors the caller checked (ops/elementwise.cpp).
 void rms_norm_into(const at::Tensor& x, const at::Tensor& w, double eps, bool unit_offset,

@@ -13,9 +13,16 @@
 // results are those of the op-by-op path bit for bit (the Python side's references;
 // tests/kernels/test_decode_layer.py). `DecodeStack` holds a model's layers so that a decode
 // step runs all of them in one call.
+//
+// A projection's weight is dense (one [outputs, inputs] tensor of the layer's dtype, no
+// formats) or GGML blocks (one uint8 tensor per run of rows of one format, stacked along the
+// outputs, with the formats' names): those go to the few-row quantized kernel
+// (ops/quant_linear.cpp) with int8 or float activations, as the op-by-op path does.
 #include <ATen/ops/add.h>
+#include <ATen/ops/cat.h>
 #include <torch/custom_class.h>
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -25,6 +32,8 @@ namespace plugserve::ops {
 namespace {
 
 using OptTensor = std::optional<at::Tensor>;
+using Tensors = std::vector<at::Tensor>;
+using Strings = std::vector<std::string>;
 
 void check_rows(const at::Tensor& x, const char* what) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, what,
@@ -45,25 +54,52 @@ void check_norm(const at::Tensor& x, const at::Tensor& w, const char* what) {
               what, ": the norm weight must be [", x.size(1), "] of ", x.scalar_type());
 }
 
-// x @ w.T (+ bias) into a new [rows, outputs] tensor.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const OptTensor& bias,
-                  const char* what) {
-  check_matrix(x, w, what);
-  auto out = at::empty({x.size(0), w.size(0)}, x.options());
-  skinny_linear_into(x, w.contiguous(), bias_as_float(bias, w.size(0), what), out);
-  return out;
+// x @ w.T (+ bias) into a new [rows, outputs] tensor, w dense (formats empty: w is one
+// tensor) or quantized (w[i] the blocks of formats[i], stacked along the outputs).
+at::Tensor linear(const at::Tensor& x, const Tensors& w, const Strings& formats,
+                  const OptTensor& bias, bool int8_activations, const char* what) {
+  if (formats.empty()) {
+    TORCH_CHECK(w.size() == 1, what, ": a dense weight is one tensor, got ", w.size());
+    check_matrix(x, w[0], what);
+    auto out = at::empty({x.size(0), w[0].size(0)}, x.options());
+    skinny_linear_into(x, w[0].contiguous(), bias_as_float(bias, w[0].size(0), what), out);
+    return out;
+  }
+  TORCH_CHECK(w.size() == formats.size(), what, ": ", w.size(), " quantized parts for ",
+              formats.size(), " formats");
+  if (w.size() == 1) return quant_linear(x, w[0], formats[0], bias, int8_activations);
+  int64_t outputs = 0;
+  for (const auto& part : w) outputs += part.size(0);
+  const bool has_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!has_bias || bias->numel() == outputs, what, ": bias has ", bias->numel(),
+              " values for ", outputs, " outputs");
+  Tensors outs;
+  int64_t row = 0;
+  for (size_t i = 0; i < w.size(); ++i) {  // as plugserve.model.quant_weight.quant_matmul
+    const int64_t rows = w[i].size(0);
+    const OptTensor part_bias = has_bias ? OptTensor(bias->narrow(0, row, rows)) : std::nullopt;
+    outs.push_back(quant_linear(x, w[i], formats[i], part_bias, int8_activations));
+    row += rows;
+  }
+  return at::cat(outs, 1);
 }
 
-at::Tensor attention_input(at::Tensor hidden, at::Tensor norm_w, double eps, at::Tensor qkv_w,
-                           OptTensor qkv_b, at::Tensor cos, at::Tensor sin,
-                           int64_t rotated_heads, int64_t head_dim) {
+int64_t outputs_of(const Tensors& w) {
+  int64_t outputs = 0;
+  for (const auto& part : w) outputs += part.size(0);
+  return outputs;
+}
+
+at::Tensor attention_input(at::Tensor hidden, at::Tensor norm_w, double eps, Tensors qkv_w,
+                           Strings qkv_formats, OptTensor qkv_b, at::Tensor cos, at::Tensor sin,
+                           int64_t rotated_heads, int64_t head_dim, bool int8_activations) {
   check_rows(hidden, "attention_input");
   check_norm(hidden, norm_w, "attention_input");
-  check_matrix(hidden, qkv_w, "attention_input (qkv)");
+  const int64_t qkv_outputs = outputs_of(qkv_w);
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0 && rotated_heads > 0 &&
-                  rotated_heads * head_dim <= qkv_w.size(0),
+                  rotated_heads * head_dim <= qkv_outputs,
               "attention_input: ", rotated_heads, " rotated heads of ", head_dim,
-              " do not fit the ", qkv_w.size(0), " qkv outputs (head_dim must be even)");
+              " do not fit the ", qkv_outputs, " qkv outputs (head_dim must be even)");
   const int64_t half = head_dim / 2;
   for (const auto* t : {&cos, &sin}) {
     TORCH_CHECK(t->scalar_type() == hidden.scalar_type() && t->size(0) == hidden.size(0) &&
@@ -77,16 +113,18 @@ at::Tensor attention_input(at::Tensor hidden, at::Tensor norm_w, double eps, at:
   norm_w = norm_w.contiguous();
   auto normed = at::empty_like(hidden);
   rms_norm_into(hidden, norm_w, eps, /*unit_offset=*/false, normed);
-  auto qkv = linear(normed, qkv_w, qkv_b, "attention_input (qkv)");
+  auto qkv = linear(normed, qkv_w, qkv_formats, qkv_b, int8_activations,
+                    "attention_input (qkv)");
   auto qk = qkv.narrow(1, 0, rotated_heads * head_dim).view({qkv.size(0), rotated_heads, head_dim});
   rope_in_place(qk, cos, sin);
   return qkv;
 }
 
-at::Tensor attention_output_and_mlp(at::Tensor attn, at::Tensor o_w, OptTensor o_b,
-                                    at::Tensor residual, at::Tensor norm_w, double eps,
-                                    at::Tensor gate_up_w, OptTensor gate_up_b,
-                                    at::Tensor down_w, OptTensor down_b) {
+at::Tensor attention_output_and_mlp(at::Tensor attn, Tensors o_w, Strings o_formats,
+                                    OptTensor o_b, at::Tensor residual, at::Tensor norm_w,
+                                    double eps, Tensors gate_up_w, Strings gate_up_formats,
+                                    OptTensor gate_up_b, Tensors down_w, Strings down_formats,
+                                    OptTensor down_b, bool int8_activations) {
   check_rows(attn, "attention_output_and_mlp");
   check_rows(residual, "attention_output_and_mlp (residual)");
   TORCH_CHECK(residual.scalar_type() == attn.scalar_type(),
@@ -95,19 +133,22 @@ at::Tensor attention_output_and_mlp(at::Tensor attn, at::Tensor o_w, OptTensor o
   attn = attn.contiguous();
   residual = residual.contiguous();
   norm_w = norm_w.contiguous();
-  const auto o = linear(attn, o_w, o_b, "attention_output_and_mlp (o)");
+  const auto o = linear(attn, o_w, o_formats, o_b, int8_activations,
+                        "attention_output_and_mlp (o)");
   TORCH_CHECK(o.sizes() == residual.sizes(), "attention_output_and_mlp: the residual must be ",
               o.sizes(), ", got ", residual.sizes());
   check_norm(o, norm_w, "attention_output_and_mlp");
   auto mlp_in = at::empty_like(o);
   auto hidden = at::empty_like(o);
   add_rms_norm_into(o, residual, norm_w, eps, /*unit_offset=*/false, mlp_in, hidden);
-  const auto gate_up = linear(mlp_in, gate_up_w, gate_up_b, "attention_output_and_mlp (gate_up)");
+  const auto gate_up = linear(mlp_in, gate_up_w, gate_up_formats, gate_up_b, int8_activations,
+                              "attention_output_and_mlp (gate_up)");
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "attention_output_and_mlp: gate_up has ",
               gate_up.size(1), " outputs; gate | up needs an even number");
   auto act = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
   silu_mul_into(gate_up, act);
-  const auto mlp = linear(act, down_w, down_b, "attention_output_and_mlp (down)");
+  const auto mlp = linear(act, down_w, down_formats, down_b, int8_activations,
+                          "attention_output_and_mlp (down)");
   return hidden.add_(mlp);  // torch's add: the sum rounded to T once, as `hidden + mlp` does
 }
 
@@ -117,13 +158,14 @@ at::Tensor attention_output_and_mlp(at::Tensor attn, at::Tensor o_w, OptTensor o
 // first_key[i]:kv_lens[i]], then attention_output_and_mlp. What the backend's `forward`
 // does between the two halves, here without returning to Python.
 at::Tensor decode_step(at::Tensor hidden, at::Tensor input_norm_w, double input_eps,
-                       at::Tensor qkv_w, OptTensor qkv_b, at::Tensor cos, at::Tensor sin,
-                       int64_t heads, int64_t kv_heads, int64_t head_dim, at::Tensor k_buffer,
-                       at::Tensor v_buffer, at::Tensor store_slots, at::Tensor slots,
-                       at::Tensor first_key, at::Tensor kv_lens, double scale, at::Tensor o_w,
-                       OptTensor o_b, at::Tensor post_norm_w, double post_eps,
-                       at::Tensor gate_up_w, OptTensor gate_up_b, at::Tensor down_w,
-                       OptTensor down_b) {
+                       Tensors qkv_w, Strings qkv_formats, OptTensor qkv_b, at::Tensor cos,
+                       at::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                       at::Tensor k_buffer, at::Tensor v_buffer, at::Tensor store_slots,
+                       at::Tensor slots, at::Tensor first_key, at::Tensor kv_lens, double scale,
+                       Tensors o_w, Strings o_formats, OptTensor o_b, at::Tensor post_norm_w,
+                       double post_eps, Tensors gate_up_w, Strings gate_up_formats,
+                       OptTensor gate_up_b, Tensors down_w, Strings down_formats,
+                       OptTensor down_b, bool int8_activations) {
   const int64_t rows = hidden.size(0);
   for (const auto* buffer : {&k_buffer, &v_buffer}) {
     const auto dtype = buffer->scalar_type();
@@ -137,8 +179,9 @@ at::Tensor decode_step(at::Tensor hidden, at::Tensor input_norm_w, double input_
                   store_slots.size(0) == rows,
               "decode_step: one int64 store slot per row is needed, got ", store_slots.sizes(),
               " of ", store_slots.scalar_type(), " for ", rows, " rows");
-  const auto qkv = attention_input(hidden, input_norm_w, input_eps, qkv_w, qkv_b, cos, sin,
-                                   heads + kv_heads, head_dim);
+  const auto qkv = attention_input(hidden, input_norm_w, input_eps, std::move(qkv_w),
+                                   std::move(qkv_formats), qkv_b, cos, sin, heads + kv_heads,
+                                   head_dim, int8_activations);
   const int64_t q_width = heads * head_dim, kv_width = kv_heads * head_dim;
   TORCH_CHECK(qkv.size(1) == q_width + 2 * kv_width, "decode_step: the qkv projection has ",
               qkv.size(1), " outputs, not ", q_width + 2 * kv_width, " for ", heads, " + 2 x ",
@@ -151,40 +194,51 @@ at::Tensor decode_step(at::Tensor hidden, at::Tensor input_norm_w, double input_
   store_rows(v_buffer, store_slots, v, 1.0);
   const auto attn = paged_decode(q, k_buffer, v_buffer, slots, first_key, kv_lens, scale, 1.0,
                                  1.0);
-  return attention_output_and_mlp(attn.view({rows, q_width}), o_w, o_b, hidden, post_norm_w,
-                                  post_eps, gate_up_w, gate_up_b, down_w, down_b);
+  return attention_output_and_mlp(attn.view({rows, q_width}), std::move(o_w),
+                                  std::move(o_formats), o_b, hidden, post_norm_w, post_eps,
+                                  std::move(gate_up_w), std::move(gate_up_formats), gate_up_b,
+                                  std::move(down_w), std::move(down_formats), down_b,
+                                  int8_activations);
 }
 
 // A model's decoder layers for `decode_step`, held once so that a decode step runs all of
 // them in one call: the weights (tensors that share the parameters' storage, so in-place
-// weight loads are seen) and each layer's shape. A layer's attention operands change every
-// step and come with `run`, one entry per layer, as the backend's plans give them.
+// weight loads are seen; a projection's parts and formats as `linear` takes them) and each
+// layer's shape. A layer's attention operands change every step and come with `run`, one
+// entry per layer, as the backend's plans give them.
 struct DecodeStack : torch::CustomClassHolder {
-  std::vector<at::Tensor> input_norm_w, qkv_w, o_w, post_norm_w, gate_up_w, down_w;
+  using Layers = std::vector<Tensors>;
+  using LayerFormats = std::vector<Strings>;
+  std::vector<at::Tensor> input_norm_w, post_norm_w;
+  Layers qkv_w, o_w, gate_up_w, down_w;
+  LayerFormats qkv_f, o_f, gate_up_f, down_f;
   std::vector<OptTensor> qkv_b, o_b, gate_up_b, down_b;
   std::vector<double> input_eps, post_eps;
-  std::vector<int64_t> heads, kv_heads, head_dim;
+  std::vector<int64_t> heads, kv_heads, head_dim, int8_activations;
 
-  DecodeStack(std::vector<at::Tensor> input_norm_w_, std::vector<double> input_eps_,
-              std::vector<at::Tensor> qkv_w_, std::vector<OptTensor> qkv_b_,
-              std::vector<int64_t> heads_, std::vector<int64_t> kv_heads_,
-              std::vector<int64_t> head_dim_, std::vector<at::Tensor> o_w_,
-              std::vector<OptTensor> o_b_, std::vector<at::Tensor> post_norm_w_,
-              std::vector<double> post_eps_, std::vector<at::Tensor> gate_up_w_,
-              std::vector<OptTensor> gate_up_b_, std::vector<at::Tensor> down_w_,
-              std::vector<OptTensor> down_b_)
-      : input_norm_w(std::move(input_norm_w_)), qkv_w(std::move(qkv_w_)), o_w(std::move(o_w_)),
-        post_norm_w(std::move(post_norm_w_)), gate_up_w(std::move(gate_up_w_)),
-        down_w(std::move(down_w_)), qkv_b(std::move(qkv_b_)), o_b(std::move(o_b_)),
-        gate_up_b(std::move(gate_up_b_)), down_b(std::move(down_b_)),
-        input_eps(std::move(input_eps_)), post_eps(std::move(post_eps_)),
-        heads(std::move(heads_)), kv_heads(std::move(kv_heads_)),
-        head_dim(std::move(head_dim_)) {
+  DecodeStack(Tensors input_norm_w_, std::vector<double> input_eps_, Layers qkv_w_,
+              LayerFormats qkv_f_, std::vector<OptTensor> qkv_b_, std::vector<int64_t> heads_,
+              std::vector<int64_t> kv_heads_, std::vector<int64_t> head_dim_, Layers o_w_,
+              LayerFormats o_f_, std::vector<OptTensor> o_b_, Tensors post_norm_w_,
+              std::vector<double> post_eps_, Layers gate_up_w_, LayerFormats gate_up_f_,
+              std::vector<OptTensor> gate_up_b_, Layers down_w_, LayerFormats down_f_,
+              std::vector<OptTensor> down_b_, std::vector<int64_t> int8_activations_)
+      : input_norm_w(std::move(input_norm_w_)), post_norm_w(std::move(post_norm_w_)),
+        qkv_w(std::move(qkv_w_)), o_w(std::move(o_w_)), gate_up_w(std::move(gate_up_w_)),
+        down_w(std::move(down_w_)), qkv_f(std::move(qkv_f_)), o_f(std::move(o_f_)),
+        gate_up_f(std::move(gate_up_f_)), down_f(std::move(down_f_)),
+        qkv_b(std::move(qkv_b_)), o_b(std::move(o_b_)), gate_up_b(std::move(gate_up_b_)),
+        down_b(std::move(down_b_)), input_eps(std::move(input_eps_)),
+        post_eps(std::move(post_eps_)), heads(std::move(heads_)),
+        kv_heads(std::move(kv_heads_)), head_dim(std::move(head_dim_)),
+        int8_activations(std::move(int8_activations_)) {
     const size_t n = input_norm_w.size();
     for (const size_t size :
-         {input_eps.size(), qkv_w.size(), qkv_b.size(), heads.size(), kv_heads.size(),
-          head_dim.size(), o_w.size(), o_b.size(), post_norm_w.size(), post_eps.size(),
-          gate_up_w.size(), gate_up_b.size(), down_w.size(), down_b.size()}) {
+         {input_eps.size(), qkv_w.size(), qkv_f.size(), qkv_b.size(), heads.size(),
+          kv_heads.size(), head_dim.size(), o_w.size(), o_f.size(), o_b.size(),
+          post_norm_w.size(), post_eps.size(), gate_up_w.size(), gate_up_f.size(),
+          gate_up_b.size(), down_w.size(), down_f.size(), down_b.size(),
+          int8_activations.size()}) {
       TORCH_CHECK(size == n, "DecodeStack: every field needs one entry per layer (", n,
                   " layers), one has ", size);
     }
@@ -207,11 +261,12 @@ struct DecodeStack : torch::CustomClassHolder {
                   " layers), got ", size);
     }
     for (size_t i = 0; i < n; ++i) {
-      hidden = decode_step(hidden, input_norm_w[i], input_eps[i], qkv_w[i], qkv_b[i], cos, sin,
-                           heads[i], kv_heads[i], head_dim[i], k_buffers[i], v_buffers[i],
-                           store_slots[i], slots[i], first_key[i], kv_lens[i], scales[i],
-                           o_w[i], o_b[i], post_norm_w[i], post_eps[i], gate_up_w[i],
-                           gate_up_b[i], down_w[i], down_b[i]);
+      hidden = decode_step(hidden, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i],
+                           cos, sin, heads[i], kv_heads[i], head_dim[i], k_buffers[i],
+                           v_buffers[i], store_slots[i], slots[i], first_key[i], kv_lens[i],
+                           scales[i], o_w[i], o_f[i], o_b[i], post_norm_w[i], post_eps[i],
+                           gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i], down_f[i],
+                           down_b[i], int8_activations[i] != 0);
     }
     return hidden;
   }
@@ -225,24 +280,31 @@ TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
   using plugserve::ops::OptTensor;
   using Tensors = std::vector<at::Tensor>;
   using OptTensors = std::vector<OptTensor>;
-  m.def("attention_input(Tensor hidden, Tensor norm_w, float eps, Tensor qkv_w, Tensor? qkv_b, "
-        "Tensor cos, Tensor sin, int rotated_heads, int head_dim) -> Tensor",
+  using Ints = std::vector<int64_t>;
+  using Doubles = std::vector<double>;
+  using Layers = DecodeStack::Layers;
+  using LayerFormats = DecodeStack::LayerFormats;
+  m.def("attention_input(Tensor hidden, Tensor norm_w, float eps, Tensor[] qkv_w, "
+        "str[] qkv_formats, Tensor? qkv_b, Tensor cos, Tensor sin, int rotated_heads, "
+        "int head_dim, bool int8_activations) -> Tensor",
         &plugserve::ops::attention_input);
-  m.def("attention_output_and_mlp(Tensor attn, Tensor o_w, Tensor? o_b, Tensor residual, "
-        "Tensor norm_w, float eps, Tensor gate_up_w, Tensor? gate_up_b, Tensor down_w, "
-        "Tensor? down_b) -> Tensor",
+  m.def("attention_output_and_mlp(Tensor attn, Tensor[] o_w, str[] o_formats, Tensor? o_b, "
+        "Tensor residual, Tensor norm_w, float eps, Tensor[] gate_up_w, str[] gate_up_formats, "
+        "Tensor? gate_up_b, Tensor[] down_w, str[] down_formats, Tensor? down_b, "
+        "bool int8_activations) -> Tensor",
         &plugserve::ops::attention_output_and_mlp);
-  m.def("decode_step(Tensor hidden, Tensor input_norm_w, float input_eps, Tensor qkv_w, "
-        "Tensor? qkv_b, Tensor cos, Tensor sin, int heads, int kv_heads, int head_dim, "
-        "Tensor(a!) k_buffer, Tensor(b!) v_buffer, Tensor store_slots, Tensor slots, "
-        "Tensor first_key, Tensor kv_lens, float scale, Tensor o_w, Tensor? o_b, "
-        "Tensor post_norm_w, float post_eps, Tensor gate_up_w, Tensor? gate_up_b, "
-        "Tensor down_w, Tensor? down_b) -> Tensor",
+  m.def("decode_step(Tensor hidden, Tensor input_norm_w, float input_eps, Tensor[] qkv_w, "
+        "str[] qkv_formats, Tensor? qkv_b, Tensor cos, Tensor sin, int heads, int kv_heads, "
+        "int head_dim, Tensor(a!) k_buffer, Tensor(b!) v_buffer, Tensor store_slots, "
+        "Tensor slots, Tensor first_key, Tensor kv_lens, float scale, Tensor[] o_w, "
+        "str[] o_formats, Tensor? o_b, Tensor post_norm_w, float post_eps, Tensor[] gate_up_w, "
+        "str[] gate_up_formats, Tensor? gate_up_b, Tensor[] down_w, str[] down_formats, "
+        "Tensor? down_b, bool int8_activations) -> Tensor",
         &plugserve::ops::decode_step);
   m.class_<DecodeStack>("DecodeStack")
-      .def(torch::init<Tensors, std::vector<double>, Tensors, OptTensors, std::vector<int64_t>,
-                       std::vector<int64_t>, std::vector<int64_t>, Tensors, OptTensors, Tensors,
-                       std::vector<double>, Tensors, OptTensors, Tensors, OptTensors>())
+      .def(torch::init<Tensors, Doubles, Layers, LayerFormats, OptTensors, Ints, Ints, Ints,
+                       Layers, LayerFormats, OptTensors, Tensors, Doubles, Layers,
+                       LayerFormats, OptTensors, Layers, LayerFormats, OptTensors, Ints>())
       .def("layers", &DecodeStack::layers)
       .def("run", &DecodeStack::run);
 }

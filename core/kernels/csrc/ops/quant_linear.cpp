@@ -45,31 +45,6 @@ at::Tensor checked_x(at::Tensor x, const char* what) {
   return x.size(1) > 1 && x.stride(1) != 1 ? x.contiguous() : x;
 }
 
-at::Tensor quant_linear(at::Tensor x, at::Tensor w, const std::string& format,
-                        const std::optional<at::Tensor>& bias, bool int8_activations) {
-  const QuantFormat f = format_of(format);
-  x = checked_x(x, "quant_linear");
-  w = checked_blocks(w, f, format, x.size(1), "quant_linear");
-  const auto bias32 = bias_as_float(bias, w.size(0), "quant_linear");
-  auto out = at::empty({x.size(0), w.size(0)}, x.options());
-  if (x.size(0) == 0 || w.size(0) == 0) return out;
-  QuantLinearArgs a{};
-  a.x = x.data_ptr();
-  a.x_stride = x.stride(0);
-  a.w = w.data_ptr<uint8_t>();
-  a.w_row_bytes = w.size(1);
-  a.bias = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
-  a.out = out.data_ptr();
-  a.M = x.size(0);
-  a.K = x.size(1);
-  a.N = w.size(0);
-  a.format = f;
-  a.dtype = float_dtype(x, "quant_linear");
-  a.int8_activations = int8_activations;
-  kernels().quant_linear(a);
-  return out;
-}
-
 void dequantize_into(const at::Tensor& w, QuantFormat f, int64_t cols, at::Tensor& out) {
   QuantDequantizeArgs a{};
   a.w = w.data_ptr<uint8_t>();
@@ -139,6 +114,32 @@ at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
 }
 
 }  // namespace
+
+at::Tensor quant_linear(at::Tensor x, at::Tensor w, const std::string& format,
+                        const std::optional<at::Tensor>& bias, bool int8_activations) {
+  const QuantFormat f = format_of(format);
+  x = checked_x(x, "quant_linear");
+  w = checked_blocks(w, f, format, x.size(1), "quant_linear");
+  const auto bias32 = bias_as_float(bias, w.size(0), "quant_linear");
+  auto out = at::empty({x.size(0), w.size(0)}, x.options());
+  if (x.size(0) == 0 || w.size(0) == 0) return out;
+  QuantLinearArgs a{};
+  a.x = x.data_ptr();
+  a.x_stride = x.stride(0);
+  a.w = w.data_ptr<uint8_t>();
+  a.w_row_bytes = w.size(1);
+  a.bias = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
+  a.out = out.data_ptr();
+  a.M = x.size(0);
+  a.K = x.size(1);
+  a.N = w.size(0);
+  a.format = f;
+  a.dtype = float_dtype(x, "quant_linear");
+  a.int8_activations = int8_activations;
+  kernels().quant_linear(a);
+  return out;
+}
+
 }  // namespace plugserve::ops
 
 TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
