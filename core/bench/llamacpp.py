@@ -14,20 +14,16 @@ llama.cpp runs batch 1 (one sequence) whatever `--batch-size` the engine ran.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugserve.bench.foreign_python import EXIT_MISSING_MODULE, check_interpreter, last_line
+from plugserve.bench.foreign_python import check_interpreter, run_driver
 
 DRIVER = Path(__file__).with_name("llamacpp_driver.py")
 SETUP_HINT = ("run benchmarks/setup_llamacpp.sh (it creates .venv-llamacpp) and pass "
               "--llamacpp-python .venv-llamacpp/bin/python")
 FIRST_TOKENS = 32
-EXIT_NO_LLAMA_CPP = EXIT_MISSING_MODULE  # llamacpp_driver.py: llama_cpp does not import
 
 
 class LlamaCppError(RuntimeError):
@@ -83,36 +79,7 @@ class LlamaCppComparison:
     def call_driver(self, work: dict[str, Any]) -> dict[str, Any]:
         """Run llamacpp_driver.py under the interpreter; its log goes to a file kept on
         failure."""
-        python = str(self.python)
-        with tempfile.NamedTemporaryFile("w+", prefix="plugserve-llamacpp-", suffix=".log",
-                                         delete=False) as log:
-            try:
-                done = subprocess.run(
-                    [python, str(DRIVER)], input=json.dumps(work), stdout=subprocess.PIPE,
-                    stderr=log, text=True, timeout=self.timeout_s, check=False,
-                )
-            except subprocess.TimeoutExpired:
-                raise LlamaCppError(f"the llama.cpp driver under {python!r} ran past "
-                                    f"{self.timeout_s} s (its log: {log.name})") from None
-            except OSError as exc:
-                raise LlamaCppError(f"--llamacpp-python {python!r} could not be run ({exc}); "
-                                    f"{SETUP_HINT}") from None
-            log.seek(0)
-            last = last_line(log.read())
-        if done.returncode == EXIT_NO_LLAMA_CPP:
-            raise LlamaCppError(f"llama_cpp does not import under --llamacpp-python "
-                                f"{python!r} ({last}); {SETUP_HINT}")
-        if done.returncode != 0:
-            raise LlamaCppError(f"the llama.cpp driver failed under {python!r} (exit "
-                                f"{done.returncode}): {last or 'no message'}; its log: "
-                                f"{log.name}")
-        try:
-            result = json.loads(done.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise LlamaCppError(f"the llama.cpp driver under {python!r} printed no JSON "
-                                f"result; its log: {log.name}") from None
-        if not isinstance(result, dict) or "decode_tok_per_s" not in result:
-            raise LlamaCppError(f"the llama.cpp driver under {python!r} printed an "
-                                f"unexpected result; its log: {log.name}")
-        Path(log.name).unlink(missing_ok=True)
-        return result
+        return run_driver(self.python, DRIVER, work, name="llama.cpp",
+                          flag="--llamacpp-python", module="llama_cpp",
+                          result_key="decode_tok_per_s", setup_hint=SETUP_HINT,
+                          error=LlamaCppError, timeout_s=self.timeout_s)

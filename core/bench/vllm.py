@@ -21,16 +21,13 @@ that served exactly the same prompts.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plugserve.bench.foreign_python import EXIT_MISSING_MODULE, check_interpreter, last_line
+from plugserve.bench.foreign_python import check_interpreter, run_driver
 
 if TYPE_CHECKING:
     from plugserve.bench.runner import Measured, Runner
@@ -42,7 +39,6 @@ SETUP_HINT = ("run benchmarks/setup_vllm.sh (it creates .venv-vllm) and pass "
 FIRST_TOKENS = 32
 KV_CACHE_GIB = 4
 WORKLOADS = ("throughput", "prefill", "shared-prefix", "spec")  # offline workloads with timed engine runs
-EXIT_NO_VLLM = EXIT_MISSING_MODULE  # vllm_driver.py: vllm does not import
 EXIT_BAD_INPUT = 2
 
 
@@ -102,39 +98,11 @@ class VllmComparison:
 
     def call_driver(self, work: dict[str, Any]) -> dict[str, Any]:
         """Run vllm_driver.py under the interpreter; its log goes to a file kept on failure."""
-        python = str(self.python)
-        with tempfile.NamedTemporaryFile("w+", prefix="plugserve-vllm-", suffix=".log",
-                                         delete=False) as log:
-            try:
-                done = subprocess.run(
-                    [python, str(DRIVER)], input=json.dumps(work), stdout=subprocess.PIPE,
-                    stderr=log, text=True, env=driver_env(self.python, self.kv_cache_gib),
-                    timeout=self.timeout_s, check=False,
-                )
-            except subprocess.TimeoutExpired:
-                raise VllmError(f"the vLLM driver under {python!r} ran past {self.timeout_s} s "
-                                f"(its log: {log.name})") from None
-            except OSError as exc:
-                raise VllmError(f"--vllm-python {python!r} could not be run ({exc}); "
-                                f"{SETUP_HINT}") from None
-            log.seek(0)
-            last = last_line(log.read())
-        if done.returncode == EXIT_NO_VLLM:
-            raise VllmError(f"vllm does not import under --vllm-python {python!r} ({last}); "
-                            f"{SETUP_HINT}")
-        if done.returncode != 0:
-            raise VllmError(f"the vLLM driver failed under {python!r} (exit "
-                            f"{done.returncode}): {last or 'no message'}; its log: {log.name}")
-        try:
-            result = json.loads(done.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise VllmError(f"the vLLM driver under {python!r} printed no JSON result; its "
-                            f"log: {log.name}") from None
-        if not isinstance(result, dict) or "output_tok_per_s" not in result:
-            raise VllmError(f"the vLLM driver under {python!r} printed an unexpected result; "
-                            f"its log: {log.name}")
-        Path(log.name).unlink(missing_ok=True)
-        return result
+        return run_driver(self.python, DRIVER, work, name="vLLM", flag="--vllm-python",
+                          module="vllm", result_key="output_tok_per_s", setup_hint=SETUP_HINT,
+                          error=VllmError,
+                          env=driver_env(self.python, self.kv_cache_gib),
+                          timeout_s=self.timeout_s)
 
 
 def driver_env(python: Path, kv_cache_gib: int,
