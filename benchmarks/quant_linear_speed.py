@@ -18,12 +18,12 @@ The K-quants (256-weight superblocks) apply only to the 1536-column matrix.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from plugserve.bench.bandwidth import GB, best_seconds, measure_bandwidth
 from plugserve.kernels import build, skinny_linear
 from plugserve.kernels import quant_linear as ql
 from plugserve.quant.blocks import QuantBlocks
@@ -31,22 +31,10 @@ from plugserve.quant.types import KEPT_TYPES
 
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]  # (out, in)
 STREAM_BYTES = 256 * 2**20  # weight copies per measurement: well past the caches
-GB = 1e9
-
-
-def best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def read_bandwidth(repeats: int) -> float:
-    src = torch.ones(STREAM_BYTES // 4, dtype=torch.float32)
-    return src.numel() * 4 / best_seconds(lambda: src.sum(), repeats) / GB
+    return measure_bandwidth(STREAM_BYTES >> 20, repeats)["read_gb_s"]
 
 
 def random_blocks(name: str, rows: int, cols: int, rng: np.random.Generator) -> QuantBlocks:

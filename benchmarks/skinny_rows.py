@@ -11,11 +11,11 @@ Weights are random (the kernels' speed does not depend on the values); best of -
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import torch
 
+from plugserve.bench.bandwidth import best_seconds
 from plugserve.kernels import skinny_linear
 from plugserve.kernels.packed_linear import packed
 
@@ -26,13 +26,7 @@ LM_HEAD = (49152, 576)
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+    return best_seconds(fn, repeats) * 1e3
 
 
 def main() -> None:
