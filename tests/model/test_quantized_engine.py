@@ -146,3 +146,9 @@ class TestQuantizedEngine(EngineTest):
         assert len(lines) == 1 and "q4_k" in lines[0] and "down_proj.weight (96)" in lines[0]
         dense, dense_bytes = self._greedy(model=str(folder))
         assert quantized == dense and held == dense_bytes
+
+
+class TestQuantizedEngineOverlap(TestQuantizedEngine):
+    """The same checks under the overlap loop (the next step scheduled while one runs)."""
+
+    env = {"PLUGSERVE_OVERLAP": "1"}
