@@ -110,6 +110,16 @@ def _cpu_flags() -> frozenset[str]:
     return frozenset(flags)
 
 
+def has_cpu_flag(flag: str) -> bool:
+    """Whether this CPU reports feature `flag` (a /proc/cpuinfo name, e.g. "amx_bf16")."""
+    return flag in _cached_flags()
+
+
+@functools.cache
+def _cached_flags() -> frozenset[str]:
+    return _cpu_flags()
+
+
 @functools.cache
 def ladder() -> tuple[Isa, ...]:
     """The ISAs this machine can run, lowest first (always at least the baseline)."""

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from plugserve.kernels import build
+from plugserve.kernels import isa as cpu_isa
 
 # The ISA copies whose vector code beats SDPA (the scalar one runs ATen's generic vectors,
 # correct but slower than SDPA).
@@ -42,6 +43,17 @@ def isa() -> str:
     if library is None:
         raise RuntimeError(f"the prefill_attention CPU kernel is unavailable: {why_unavailable()}")
     return library.isa() if library.isa() in VECTOR_ISAS else "none"
+
+
+def sdpa_is_faster(dtype: torch.dtype) -> bool:
+    """True where torch's `scaled_dot_product_attention` beats this kernel: bf16 (fp16) on a
+    CPU with AMX-BF16 (AMX-FP16), where torch's flash attention multiplies its half-precision
+    blocks on the AMX tiles while this kernel computes in float32 vectors. Measured on a
+    2-core Xeon with AMX, bf16, 9 query / 3 KV heads of 64, causal: SDPA 2.63 ms against the
+    kernel's 7.00 at 1,024 tokens, 0.88 / 1.92 at 512, 0.15 / 0.22 at 150; with a cached
+    prefix (SDPA then needs a boolean mask) 3.88 ms at 1,024 tokens."""
+    flag = {torch.bfloat16: "amx_bf16", torch.float16: "amx_fp16"}.get(dtype)
+    return flag is not None and cpu_isa.has_cpu_flag(flag)
 
 
 def prefill_attention(

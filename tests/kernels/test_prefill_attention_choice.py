@@ -1,0 +1,62 @@
+"""Which prefill attention the torch_native backend runs on the CPU: the compiled kernel, or
+SDPA for bf16 (fp16) where the CPU has AMX-BF16 (AMX-FP16) and SDPA's flash attention
+multiplies on the tiles (`prefill_attention.sdpa_is_faster`). The CPU's flags are replaced
+in these tests, so both answers are checked on any machine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from plugserve.attention.base import AttentionContext
+from plugserve.attention.torch_native import TorchNativeBackend
+from plugserve.kernels import isa
+from plugserve.kernels import prefill_attention as pa
+
+
+def _with_flags(monkeypatch: pytest.MonkeyPatch, flags: set[str]) -> None:
+    monkeypatch.setattr(isa, "has_cpu_flag", lambda flag: flag in flags)
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype", "faster"),
+    [
+        ({"amx_bf16"}, torch.bfloat16, True),
+        ({"amx_bf16"}, torch.float16, False),
+        ({"amx_bf16", "amx_fp16"}, torch.float16, True),
+        ({"amx_bf16", "amx_fp16"}, torch.float32, False),
+        ({"avx512_bf16"}, torch.bfloat16, False),
+        (set(), torch.bfloat16, False),
+    ],
+)
+def test_sdpa_is_faster_only_for_half_on_amx(
+    monkeypatch: pytest.MonkeyPatch, flags: set[str], dtype: torch.dtype, faster: bool
+) -> None:
+    _with_flags(monkeypatch, flags)
+    assert pa.sdpa_is_faster(dtype) is faster
+
+
+def _backend(dtype: torch.dtype) -> TorchNativeBackend:
+    ctx = AttentionContext(
+        num_heads=9, num_kv_heads=3, head_dim=64, page_size=1, max_batch_size=4,
+        context_len=256, dtype=dtype, device=torch.device("cpu"),
+    )
+    return TorchNativeBackend(ctx)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_backend_keeps_the_kernel_without_amx(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    if not pa.available() or pa.isa() == "none":
+        pytest.skip("the vector prefill kernel is not built on this machine")
+    _with_flags(monkeypatch, {"avx512_bf16"})
+    assert _backend(dtype).prefill_kernel
+
+
+def test_the_backend_runs_sdpa_for_bf16_on_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not pa.available() or pa.isa() == "none":
+        pytest.skip("the vector prefill kernel is not built on this machine")
+    _with_flags(monkeypatch, {"amx_bf16"})
+    assert not _backend(torch.bfloat16).prefill_kernel
+    assert _backend(torch.float32).prefill_kernel
