@@ -109,9 +109,11 @@ def test_decoder_matches_gguf_dequantize(name: str) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_few_rows_matches_reference(name: str, activations: Activations,
                                     dtype: torch.dtype) -> None:
-    # x rows: one, odd, the default limit, past a 16-row pass; weight rows: one, odd, more
-    # than a thread's grain; columns: one block, a partial 256-chunk, SmolLM2's width.
-    for rows, out, bias in [(1, 1, False), (3, 37, True), (8, 7, False), (17, 300, True)]:
+    # x rows: one, odd, the default limit, past a 16-row pass; weight rows: one, odd (one
+    # x row: four weight rows at a time and a remainder), more than a thread's grain;
+    # columns: one block, a partial 256-chunk, SmolLM2's width.
+    for rows, out, bias in [(1, 1, False), (1, 301, True), (3, 37, True), (8, 7, False),
+                            (17, 300, True)]:
         for cols in _cols(name):
             w = weight(name, out, cols)
             x, b = _inputs(rows, cols, out, dtype, bias, seed=rows + cols)

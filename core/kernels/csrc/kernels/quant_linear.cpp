@@ -252,6 +252,62 @@ void rows_int8_small(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, i
   }
 }
 
+// rows_int8_small for one row of x, four weight rows at a time: four independent
+// accumulator chains (one chain waits on its FMA's latency every block) and four streams
+// of blocks in flight.
+template <QuantFormat Fmt, typename TO>
+void rows_int8_one(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t n_begin,
+                   int64_t n_end) {
+  constexpr int64_t kRowsAtOnce = 4;
+  const int64_t K = a.K, blocks = K / kBlock;
+  constexpr int64_t bytes = quant::block_bytes(Fmt);
+  const char* stop = reinterpret_cast<const char*>(a.w + n_end * a.w_row_bytes);
+  TO* out = static_cast<TO*>(a.out);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int8_t* xq = xr.q.data() + m0 * K;
+  const float* x_lane = xr.lane_scale.data() + m0 * K / kLane;
+  const float* x_sum = xr.block_sum.data() + m0 * blocks;
+  int64_t n = n_begin;
+  for (; n + kRowsAtOnce <= n_end; n += kRowsAtOnce) {
+    const uint8_t* row = a.w + n * a.w_row_bytes;
+    __m256 acc[kRowsAtOnce];
+    float mins[kRowsAtOnce];
+    for (int64_t r = 0; r < kRowsAtOnce; ++r) {
+      acc[r] = _mm256_setzero_ps();
+      mins[r] = 0.0f;
+    }
+    for (int64_t j = 0; j < blocks; ++j) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + j * kBlock));
+      const float xs = x_lane[j * kBlock / kLane];
+      for (int64_t r = 0; r < kRowsAtOnce; ++r) {
+        const uint8_t* b = row + r * a.w_row_bytes + j * bytes;
+        const char* ahead = reinterpret_cast<const char*>(b) + kPrefetchBytes;
+        if (ahead < stop) prefetch_l2(ahead);
+        const __m256i w = quant::small_block_q<Fmt>(b);
+        const __m256i aw = _mm256_sign_epi8(w, w);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+        const __m256i dot =
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xv, w));
+#else
+        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)),
+                                              ones);
+#endif
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                 _mm256_set1_ps(quant::half_at(b) * xs), acc[r]);
+        if constexpr (quant::has_min(Fmt)) mins[r] += quant::half_at(b + 2) * x_sum[j];
+      }
+    }
+    for (int64_t r = 0; r < kRowsAtOnce; ++r) {
+      __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+      v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+      v = _mm_add_ss(v, _mm_movehdup_ps(v));
+      const float y = _mm_cvtss_f32(v) + mins[r] + (a.bias != nullptr ? a.bias[n + r] : 0.0f);
+      out[m0 * a.N + n + r] = from_float<TO>(y);
+    }
+  }
+  if (n < n_end) rows_int8_small<Fmt, TO, 1>(a, xr, m0, 1, n, n_end);
+}
+
 // The float path of the 32-block formats with the copies that have AVX2: each block widened
 // to float32 in registers (q * d + constant, rounded as the reference rounds it) and
 // multiplied at once, four independent FMA chains per row of x.
@@ -356,7 +412,7 @@ void quant_linear_typed(const QuantLinearArgs& a) {
 #if defined(__AVX2__)
         if constexpr (quant::block_elems(Fmt) == kBlock) {
           if (M == 1) {
-            rows_int8_small<Fmt, T, 1>(a, xr, m0, M, begin, end);
+            rows_int8_one<Fmt, T>(a, xr, m0, begin, end);
           } else {
             rows_int8_small<Fmt, T, 0>(a, xr, m0, M, begin, end);
           }
