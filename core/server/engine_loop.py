@@ -25,6 +25,7 @@ from typing import Any
 from plugserve.outputs import prompt_logprobs_of
 from plugserve.sampling import SamplingParams
 from plugserve.server.jobs import Event, Job, RequestHandle
+from plugserve.server.omp_pool import release_openmp_pool
 
 log = logging.getLogger("plugserve.server")
 
@@ -71,6 +72,10 @@ class EngineLoop:
 
     # --- HTTP side --------------------------------------------------------------------------
     def start(self) -> None:
+        """Start the engine thread. The calling thread (the one that built the engine, as a
+        rule) gives up its OpenMP worker pool first: two pools throttle every OpenMP barrier
+        of the engine's steps (plugserve.server.omp_pool)."""
+        release_openmp_pool()
         self._accepting = True
         self._thread = threading.Thread(target=self._main, name="plugserve-engine", daemon=True)
         self._thread.start()
