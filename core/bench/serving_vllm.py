@@ -280,6 +280,27 @@ def print_report(report: dict[str, Any]) -> None:
         split = r.get("time_split_s")
         if split:
             print("    " + time_split_line(split))
+        line = step_phases_line(r, report["offline"])
+        if line:
+            print("    " + line)
+
+
+def step_phases_line(served: dict[str, Any], offline: dict[str, Any]) -> str:
+    """The engine's forward and whole-step seconds per step, served against offline (its
+    /metrics step phases; the offline run's own), and the client's CPU."""
+    mine, theirs = served.get("step_phases_s") or {}, offline.get("step_phases_s") or {}
+    steps, offline_steps = served.get("engine_steps") or 0, offline.get("engine_steps") or 0
+    if not mine or not theirs or not steps or not offline_steps:
+        return ""
+    parts = []
+    for phase in ("run", "forward"):
+        if phase in mine and phase in theirs:
+            a, b = mine[phase] / steps * 1e3, theirs[phase] / offline_steps * 1e3
+            parts.append(f"{phase} {a:.1f} ms per step served, {b:.1f} offline ({a / b:.2f}x)")
+    client = served.get("client_cpu_s")
+    if client is not None:
+        parts.append(f"the client's CPU (start-up included) {client:.1f} s")
+    return "; ".join(parts)
 
 
 def time_split_line(split: dict[str, float]) -> str:
