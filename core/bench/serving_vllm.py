@@ -158,11 +158,13 @@ def run_one(which: str, opts: VllmServingOptions, work: Path) -> dict[str, Any]:
             _wait_ready(proc, f"http://127.0.0.1:{port}", log)
             out = work / f"{which}-result.json"
             client_log = work / f"{which}-client.log"
+            cpu0 = _children_cpu()
             with client_log.open("wb") as client_sink:
                 done = subprocess.run(client_command(opts, port, out),
                                       stdout=client_sink, stderr=subprocess.STDOUT,
                                       env=driver_env(opts.python, 4), timeout=opts.timeout_s,
                                       check=False)
+            client_cpu = _children_cpu() - cpu0
             if done.returncode != 0 or not out.exists():
                 raise RuntimeError(f"vllm bench serve against {which} failed (exit "
                                    f"{done.returncode}); its log: {client_log}")
@@ -170,7 +172,15 @@ def run_one(which: str, opts: VllmServingOptions, work: Path) -> dict[str, Any]:
             figures = _server_figures(f"http://127.0.0.1:{port}") if mine else {}
         finally:
             _stop(proc)
-    return {**{k: result.get(k) for k in KEYS}, **figures}
+    return {**{k: result.get(k) for k in KEYS}, "client_cpu_s": client_cpu, **figures}
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's ended children (the client, once it has exited)."""
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def _server_figures(url: str) -> dict[str, Any]:
@@ -180,15 +190,20 @@ def _server_figures(url: str) -> dict[str, Any]:
     import httpx
 
     prefix = 'plugserve_engine_loop_seconds{part="'
+    phase_prefix = 'plugserve_engine_step_phase_seconds{phase="'
     split: dict[str, float] = {}
+    phases: dict[str, float] = {}
     steps = 0
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
         if line.startswith(prefix):
             name, value = line[len(prefix):].split('"} ')
             split[name] = float(value)
+        elif line.startswith(phase_prefix):
+            name, value = line[len(phase_prefix):].split('"} ')
+            phases[name] = float(value)
         elif line.startswith('plugserve_engine_stat{stat="steps"} '):
             steps = int(float(line.split()[-1]))
-    return {"time_split_s": split, "engine_steps": steps}
+    return {"time_split_s": split, "step_phases_s": phases, "engine_steps": steps}
 
 
 def run_offline(opts: VllmServingOptions, ids: list[list[int]]) -> dict[str, Any]:
@@ -200,14 +215,18 @@ def run_offline(opts: VllmServingOptions, ids: list[list[int]]) -> dict[str, Any
     with Engine(model=str(opts.model), dtype=opts.dtype,
                 max_running_requests=max(64, opts.num_seqs)) as engine:
         engine.generate(ids[:2], SamplingParams(max_new_tokens=4, ignore_eos=True))  # warm-up
-        steps = int(engine.stats().get("steps", 0))
+        before = engine.stats()
         t0 = time.perf_counter()
         out = engine.generate(ids, sp)
         wall = time.perf_counter() - t0
-        steps = int(engine.stats().get("steps", 0)) - steps
+        after = engine.stats()
     tokens = sum(len(r.token_ids) for r in out)
-    return {"duration": wall, "output_throughput": tokens / wall, "engine_steps": steps,
-            "total_output_tokens": tokens, "total_input_tokens": sum(map(len, ids))}
+    phases = {k: v - before["step_time_s"].get(k, 0.0)
+              for k, v in after["step_time_s"].items()}
+    return {"duration": wall, "output_throughput": tokens / wall,
+            "engine_steps": int(after.get("steps", 0)) - int(before.get("steps", 0)),
+            "step_phases_s": phases, "total_output_tokens": tokens,
+            "total_input_tokens": sum(map(len, ids))}
 
 
 def run(opts: VllmServingOptions, say: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -261,6 +280,27 @@ def print_report(report: dict[str, Any]) -> None:
         split = r.get("time_split_s")
         if split:
             print("    " + time_split_line(split))
+        line = step_phases_line(r, report["offline"])
+        if line:
+            print("    " + line)
+
+
+def step_phases_line(served: dict[str, Any], offline: dict[str, Any]) -> str:
+    """The engine's forward and whole-step seconds per step, served against offline (its
+    /metrics step phases; the offline run's own), and the client's CPU."""
+    mine, theirs = served.get("step_phases_s") or {}, offline.get("step_phases_s") or {}
+    steps, offline_steps = served.get("engine_steps") or 0, offline.get("engine_steps") or 0
+    if not mine or not theirs or not steps or not offline_steps:
+        return ""
+    parts = []
+    for phase in ("run", "forward"):
+        if phase in mine and phase in theirs:
+            a, b = mine[phase] / steps * 1e3, theirs[phase] / offline_steps * 1e3
+            parts.append(f"{phase} {a:.1f} ms per step served, {b:.1f} offline ({a / b:.2f}x)")
+    client = served.get("client_cpu_s")
+    if client is not None:
+        parts.append(f"the client's CPU (start-up included) {client:.1f} s")
+    return "; ".join(parts)
 
 
 def time_split_line(split: dict[str, float]) -> str:

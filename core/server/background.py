@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from plugserve.server.omp_pool import release_openmp_pool
 from plugserve.server.settings import ServerSettings
 
 
@@ -55,6 +56,9 @@ class BackgroundServer:
             self.error = exc
 
     def start(self, timeout_s: float = 30.0) -> BackgroundServer:
+        # The engine thread is started from the uvicorn thread: the caller's thread (which
+        # built the engine, as a rule) gives up its OpenMP pool here (plugserve.server.omp_pool).
+        release_openmp_pool()
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:

@@ -24,7 +24,8 @@ from typing import Any
 
 from plugserve.outputs import prompt_logprobs_of
 from plugserve.sampling import SamplingParams
-from plugserve.server.jobs import Event, Job, RequestHandle
+from plugserve.server.jobs import Event, Job, RequestHandle, post_all
+from plugserve.server.omp_pool import release_openmp_pool
 
 log = logging.getLogger("plugserve.server")
 
@@ -71,6 +72,10 @@ class EngineLoop:
 
     # --- HTTP side --------------------------------------------------------------------------
     def start(self) -> None:
+        """Start the engine thread. The calling thread (the one that built the engine, as a
+        rule) gives up its OpenMP worker pool first: two pools throttle every OpenMP barrier
+        of the engine's steps (plugserve.server.omp_pool)."""
+        release_openmp_pool()
         self._accepting = True
         self._thread = threading.Thread(target=self._main, name="plugserve-engine", daemon=True)
         self._thread.start()
@@ -306,6 +311,7 @@ class EngineLoop:
         with self._lock:
             self._sched_waiting = self.engine.num_waiting()
         done: list[int] = []
+        posts: list[tuple[Any, Event]] = []
         for rid, handle in self._active.items():
             req = handle.req
             final = req.finished() and (
@@ -325,16 +331,22 @@ class EngineLoop:
                     req.finished_reason, req.error, req.stop_str)
                 event.prompt_tokens, event.cached_tokens = (
                     len(req.origin_input_ids), req.cached_tokens)
-                handle.post(event)
+                posts.append((handle, event))
                 if self.metrics is not None:
                     self.metrics.request_finished(handle, req)
                 done.append(rid)
             else:
-                handle.post(event)
+                posts.append((handle, event))
+        self._post_all(posts)
         for rid in done:
             del self._active[rid]
         with self._lock:
             self._accepted = len(self._active)
+
+    def _post_all(self, posts: list[tuple[Any, Event]]) -> None:
+        """A step's events, in order: one wake-up of the event loop for all of them (each
+        wake-up takes a core from the engine's threads)."""
+        post_all(posts)
 
     @staticmethod
     def _logprobs(handle: RequestHandle) -> tuple[list[float] | None,

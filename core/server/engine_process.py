@@ -28,7 +28,7 @@ from typing import Any
 
 from plugserve.sampling import SamplingParams
 from plugserve.server.engine_loop import NotServing, Overloaded
-from plugserve.server.jobs import Event, Job, RequestHandle
+from plugserve.server.jobs import Event, Job, RequestHandle, deliver
 
 log = logging.getLogger("plugserve.server")
 START_TIMEOUT_S = 1800.0  # the first start compiles the CPU kernels
@@ -274,7 +274,7 @@ class EngineProcess:
         self._apply_state(state)
         for loop, items in deliveries.items():  # one wake-up of the event loop per step
             try:
-                loop.call_soon_threadsafe(_deliver, items)
+                loop.call_soon_threadsafe(deliver, items)
             except RuntimeError:  # that event loop closed: nobody listens
                 pass
 
@@ -321,11 +321,6 @@ class EngineProcess:
             future.set_exception(NotServing(message))
         if self.metrics is not None:
             self.metrics.set_engine_up(False)
-
-
-def _deliver(items: list[tuple[asyncio.Queue[Event], Event]]) -> None:
-    for queue, event in items:
-        queue.put_nowait(event)
 
 
 def _finished_req(figures: dict[str, Any]) -> Any:

@@ -121,6 +121,10 @@ class WorkerLoop(EngineLoop):
         if handle is not None:
             self.abort(handle)
 
+    def _post_all(self, posts: list[tuple[Any, Event]]) -> None:
+        for handle, event in posts:
+            handle.post(event)
+
     def _publish(self, settled: bool) -> None:
         super()._publish(settled)
         self.flush()

@@ -2,7 +2,7 @@
 
 An HTTP request becomes a `Job`: one `RequestHandle` per prompt (one engine request each),
 whose events all go to the job's one asyncio queue, posted from the engine thread with
-`loop.call_soon_threadsafe`.
+`loop.call_soon_threadsafe` (one call per step for all requests: `post_all`).
 """
 
 from __future__ import annotations
@@ -60,13 +60,29 @@ class RequestHandle:
         return self.job.arrival_s
 
     def post(self, event: Event) -> None:
-        event.index = self.index
+        post_all([(self, event)])
+
+
+def post_all(posts: list[tuple[RequestHandle, Event]]) -> None:
+    """Hand events to their jobs' queues (from the engine thread): one wake-up of each event
+    loop for all of them (a step's tokens for every running request at once)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Event], Event]]] = {}
+    for handle, event in posts:
+        event.index = handle.index
         if event.kind == "final":
-            self.final_posted = True
+            handle.final_posted = True
+        by_loop.setdefault(handle.job.loop, []).append((handle.job.queue, event))
+    for loop, items in by_loop.items():
         try:
-            self.job.loop.call_soon_threadsafe(self.job.queue.put_nowait, event)
+            loop.call_soon_threadsafe(deliver, items)
         except RuntimeError:  # the event loop closed (server stopped): nobody is listening
             pass
+
+
+def deliver(items: list[tuple[asyncio.Queue[Event], Event]]) -> None:
+    """On the event loop: put each event in its queue, in order."""
+    for queue, event in items:
+        queue.put_nowait(event)
 
 
 class Job:

@@ -68,6 +68,11 @@ class ServerMetrics:
         self.engine_stats = Gauge("plugserve_engine_stat", "Scheduler counters since start "
                                   "(steps, prefill_tokens, retracted_reqs)", ["stat"],
                                   registry=r)
+        self.step_phase = Gauge("plugserve_engine_step_phase_seconds", "Wall seconds of the "
+                                "engine's steps since start, by phase (the scheduler's: "
+                                "schedule, run, wait, post_process, check; the model runner's "
+                                "within run: prepare, metadata, forward, sample, ...)",
+                                ["phase"], registry=r)
         self.engine_up = Gauge("plugserve_engine_up", "1 while the engine thread serves",
                                registry=r)
         self.loop_time = Gauge("plugserve_engine_loop_seconds", "Where the serving time goes "
@@ -116,6 +121,8 @@ class ServerMetrics:
         self.waiting.set(waiting)
         for name in ("steps", "prefill_tokens", "retracted_reqs"):
             self.engine_stats.labels(stat=name).set(float(stats.get(name, 0)))
+        for phase, seconds in stats.get("step_time_s", {}).items():
+            self.step_phase.labels(phase=phase).set(float(seconds))
         for t in terms:
             for name in TERMS:
                 self.kv_slots.labels(pool=t.pool, term=name).set(getattr(t, name))

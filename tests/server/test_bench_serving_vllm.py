@@ -62,6 +62,10 @@ def test_compare_vllm_plumbing(tiny_model_dir: Path, tmp_path: Path, dataset: st
         assert mine["time_split_s"]["engine_step"] > 0
         assert mine["time_split_s"]["http_loop_cpu"] > 0
         assert mine["engine_steps"] >= 8  # at least one step per output token
+        # The engine's step phases from the server's /metrics; the client's CPU.
+        assert mine["step_phases_s"]["run"] >= mine["step_phases_s"]["forward"] > 0
+        assert mine["client_cpu_s"] > 0
+    assert report["offline"]["step_phases_s"]["forward"] > 0
     assert "engine_process_cpu" in report["plugserve"]["time_split_s"]
     assert "engine_process_cpu" not in report["plugserve_thread"]["time_split_s"]
     assert report["plugserve_vs_vllm"] == report["plugserve"]["vs_vllm"]
@@ -84,3 +88,15 @@ def test_compare_vllm_client_failure_stops_the_server(tiny_model_dir: Path,
     assert "vllm bench serve against plugserve failed (exit 3)" in run.stderr
     left = new_children(before)
     assert not left, f"processes left: {left}"
+
+
+def test_step_phases_line() -> None:
+    from plugserve.bench.serving_vllm import step_phases_line
+
+    served = {"step_phases_s": {"run": 1.5, "forward": 1.2}, "engine_steps": 10,
+              "client_cpu_s": 2.0}
+    offline = {"step_phases_s": {"run": 1.0, "forward": 1.0}, "engine_steps": 10}
+    assert step_phases_line(served, offline) == (
+        "run 150.0 ms per step served, 100.0 offline (1.50x); forward 120.0 ms per step "
+        "served, 100.0 offline (1.20x); the client's CPU (start-up included) 2.0 s")
+    assert step_phases_line({**served, "step_phases_s": {}}, offline) == ""

@@ -51,6 +51,11 @@ def test_metrics_after_requests(served: Any) -> None:
         assert line in text, line
     assert _metric(text, "plugserve_checker_steps_checked") > 0  # the checker proved the busy steps
     assert _metric(text, "plugserve_weight_bytes") == server.engine.weight_bytes > 0
+    # The engine's step phases (wall seconds since start), also from the engine process.
+    phases = {row.split('"')[1]: float(row.split()[-1]) for row in text.splitlines()
+              if row.startswith("plugserve_engine_step_phase_seconds{")}
+    assert {"schedule", "run", "forward", "sample"} <= set(phases), phases
+    assert phases["run"] >= phases["forward"] > 0
 
 
 def _checked_steps(metrics: str) -> float:
