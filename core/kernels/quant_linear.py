@@ -5,12 +5,19 @@ quantized weight. `activations="float"` keeps x in its dtype (the result equals 
 dequantize(w).T up to summation order); `"int8"` rounds x through int8 per 32-block first,
 as llama.cpp does, so integer dot products can be used.
 
-Two compiled paths (`csrc/kernels/quant_linear.cpp`), chosen by the rows of x:
-- up to `MAX_FEW_ROWS` rows (decode): the blocks stream once per call and are decoded in
-  registers and L1; int8 activations multiply with integer dot products (AVX512-VNNI, or
-  AVX-512BW / AVX2 `maddubs`), float activations with the blocks widened to float32;
-- more rows (prefill): a tile of weight rows at a time (`TILE_BYTES` of x's dtype) is
-  dequantized and multiplied by the dense GEMM, so the whole matrix is never dequantized.
+Two compiled paths, chosen by the rows of x:
+- up to `MAX_FEW_ROWS` rows (decode; `csrc/kernels/quant_linear.cpp`): the blocks stream once
+  per call and are decoded in registers and L1; int8 activations multiply with integer dot
+  products (AVX512-VNNI, or AVX-512BW / AVX2 `maddubs`), float activations with the blocks
+  widened to float32;
+- more rows (prefill, batched decode; `ops.quant_gemm`): with int8 activations (any x) or
+  bf16 x, a bf16 product with float32 sums, x taken to bf16 once (rounded through int8 per
+  32-block first for int8 activations) and the result returned in x's dtype: on AMX tiles
+  where `amx_available()` (`csrc/kernels/quant_amx.cpp`: strips of 32 weight rows dequantized
+  into the B tiles' layout, reused across all rows of x), else the matrix dequantized to
+  bf16 in strips of up to `STRIP_BYTES` (usually whole) and one dense GEMM per strip written
+  in place into the output. Float activations with float32 x stay float32: strips of
+  float32 weights through the float32 GEMM (x @ dequantize(w).T up to summation order).
 Without the compiled kernels (`PLUGSERVE_CPU_KERNELS=0`, no compiler) the pure-torch
 reference runs.
 """

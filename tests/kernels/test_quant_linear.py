@@ -170,6 +170,22 @@ def test_amx_is_used_where_the_cpu_has_it() -> None:
     assert ql.amx_available()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bf16_gemm_rounds_activations_as_the_reference(dtype: torch.dtype) -> None:
+    # x through int8 per 32-block exactly as the reference rounds it (then to bf16), ties
+    # included: a block whose max is 127 has scale 1, and its halves round to even.
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(37, 96, generator=gen) * torch.logspace(-3, 3, 96)
+    x[0, :32] = torch.arange(32) - 15.5
+    x[0, 31] = 127.0
+    x[1, 32:64] = 0.0
+    x = x.to(dtype)
+    got = build.ops().quant_gemm_activations(x, True)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, quantize_activations_int8(x).bfloat16())
+    assert torch.equal(build.ops().quant_gemm_activations(x, False), x.bfloat16())
+
+
 def test_many_rows_strips_the_weight(monkeypatch: pytest.MonkeyPatch) -> None:
     # Strips of 16 rows over 50 output rows: three whole strips and a partial one.
     monkeypatch.setattr(ql, "STRIP_BYTES", 16 * 96 * 4)

@@ -79,9 +79,18 @@ void pack_strip(const QuantGemmArgs& a, int64_t n0, int64_t rows, BF16* strip) {
   alignas(64) BF16 chunk[kStrip][kChunk];
   for (int64_t k0 = 0; k0 < a.K; k0 += kChunk) {
     const int64_t len = std::min(kChunk, a.K - k0);
+    const int64_t span = len / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
+    const int64_t at = k0 / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
     for (int64_t r = 0; r < kStrip; ++r) {
       if (r < rows) {
-        quant::widen_span<Fmt, BF16>(a.w + (n0 + r) * a.w_row_bytes, k0, len, chunk[r]);
+        const uint8_t* row = a.w + (n0 + r) * a.w_row_bytes;
+        // The same bytes of the next strip's row, into L2 while this strip is multiplied
+        // (32 rows read a chunk at a time are too many streams for the hardware prefetcher).
+        if (n0 + kStrip + r < a.N) {
+          for (int64_t off = 0; off < span; off += 64)
+            prefetch_l2(row + kStrip * a.w_row_bytes + at + off);
+        }
+        quant::widen_span<Fmt, BF16>(row, k0, len, chunk[r]);
       } else {
         std::memset(static_cast<void*>(chunk[r]), 0, sizeof(chunk[r]));
       }

@@ -34,36 +34,69 @@ void dequantize_rows(const QuantDequantizeArgs& a) {
 template <typename T>
 void round_row_int8(const T* x, int64_t K, BF16* out) {
 #if defined(CPU_CAPABILITY_AVX512)
-  for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
-    __m512 lo, hi;
+  const auto load32 = [&](int64_t k, __m512& lo, __m512& hi) {
     if constexpr (std::is_same_v<T, float>) {
-      lo = _mm512_loadu_ps(x + k0);
-      hi = _mm512_loadu_ps(x + k0 + 16);
+      lo = _mm512_loadu_ps(x + k);
+      hi = _mm512_loadu_ps(x + k + 16);
     } else {
       const auto widen = [](const T* p) {
         const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
       };
-      lo = widen(x + k0);
-      hi = widen(x + k0 + 16);
+      lo = widen(x + k);
+      hi = widen(x + k + 16);
     }
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-    const float scale = amax / 127.0f;
-    const __m512 d = _mm512_set1_ps(round_to<Half>(scale));
-    __m512 qlo = _mm512_setzero_ps(), qhi = _mm512_setzero_ps();
-    if (scale > 0.0f) {  // divide (as the reference does), round half to even
-      const __m512 s = _mm512_set1_ps(scale);
-      constexpr int kEven = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-      qlo = _mm512_roundscale_ps(_mm512_div_ps(lo, s), kEven);
-      qhi = _mm512_roundscale_ps(_mm512_div_ps(hi, s), kEven);
+  };
+  constexpr int kEven = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  // 16 blocks at a time: their max |x| first (independent reductions), then their scales in
+  // one vector, then the quants; no block waits on the one before.
+  for (int64_t b0 = 0; b0 < K / kBlock; b0 += 16) {
+    const int64_t nb = std::min<int64_t>(16, K / kBlock - b0);
+    alignas(64) float amax[16] = {};
+    for (int64_t j = 0; j < nb; ++j) {
+      __m512 lo, hi;
+      load32((b0 + j) * kBlock, lo, hi);
+      amax[j] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
     }
-    qlo = _mm512_mul_ps(qlo, d);
-    qhi = _mm512_mul_ps(qhi, d);
+    alignas(64) float scale[16], d[16], inv[16];
+    const __m512 s = _mm512_div_ps(_mm512_load_ps(amax), _mm512_set1_ps(127.0f));
+    _mm512_store_ps(scale, s);
+    _mm512_store_ps(d, _mm512_cvtph_ps(_mm512_cvtps_ph(s, kEven)));  // rounded to fp16
+    _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), s));
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t k0 = (b0 + j) * kBlock;
+      __m512 lo, hi;
+      load32(k0, lo, hi);
+      __m512 qlo = _mm512_setzero_ps(), qhi = _mm512_setzero_ps();
+      if (scale[j] > 0.0f) {
+        // round(x / scale) half to even, as the reference divides. x * (1 / scale) is
+        // within 2 ulp of the quotient (|x / scale| <= 127: 2 ulp <= 2^-16), so it rounds
+        // to the same integer unless it lies that close to a half; only then is the block
+        // divided.
+        const __m512 iv = _mm512_set1_ps(inv[j]);
+        const __m512 tlo = _mm512_mul_ps(lo, iv), thi = _mm512_mul_ps(hi, iv);
+        qlo = _mm512_roundscale_ps(tlo, kEven);
+        qhi = _mm512_roundscale_ps(thi, kEven);
+        const __m512 half = _mm512_set1_ps(0.5f), near = _mm512_set1_ps(1.0f / 16384);
+        const auto near_half = [&](__m512 t, __m512 q) {
+          const __m512 off =
+              _mm512_abs_ps(_mm512_sub_ps(_mm512_abs_ps(_mm512_sub_ps(t, q)), half));
+          return _mm512_cmp_ps_mask(off, near, _CMP_LT_OQ);
+        };
+        if ((near_half(tlo, qlo) | near_half(thi, qhi)) != 0) {
+          const __m512 sv = _mm512_set1_ps(scale[j]);
+          qlo = _mm512_roundscale_ps(_mm512_div_ps(lo, sv), kEven);
+          qhi = _mm512_roundscale_ps(_mm512_div_ps(hi, sv), kEven);
+        }
+      }
+      qlo = _mm512_mul_ps(qlo, _mm512_set1_ps(d[j]));
+      qhi = _mm512_mul_ps(qhi, _mm512_set1_ps(d[j]));
 #if defined(__AVX512BF16__)
-    _mm512_storeu_si512(out + k0, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(qhi, qlo)));
+      _mm512_storeu_si512(out + k0, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(qhi, qlo)));
 #else
-    at::vec::convert_float_bfloat16(F(qlo), F(qhi)).store(out + k0);
+      at::vec::convert_float_bfloat16(F(qlo), F(qhi)).store(out + k0);
 #endif
+    }
   }
   return;
 #endif

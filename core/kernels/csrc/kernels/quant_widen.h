@@ -15,16 +15,19 @@ PLUGSERVE_ISA_BEGIN
 namespace quant {
 
 #if defined(CPU_CAPABILITY_AVX512)
-// 32 values q * scale + constant (scale s0 for the first 16, s1 for the others) to dst.
-template <typename T>
+// 32 values q * scale + constant (scale s0 for the first 16, s1 for the others) to dst; no
+// constant unless WithMin.
+template <bool WithMin, typename T>
 inline void widen32(__m256i q, float s0, float s1, float constant, T* dst) {
-  const __m512 c = _mm512_set1_ps(constant);
-  const __m512 lo = _mm512_add_ps(
-      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))),
-                    _mm512_set1_ps(s0)), c);
-  const __m512 hi = _mm512_add_ps(
-      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
-                    _mm512_set1_ps(s1)), c);
+  __m512 lo = _mm512_mul_ps(
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(s0));
+  __m512 hi = _mm512_mul_ps(
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
+      _mm512_set1_ps(s1));
+  if constexpr (WithMin) {
+    lo = _mm512_add_ps(lo, _mm512_set1_ps(constant));
+    hi = _mm512_add_ps(hi, _mm512_set1_ps(constant));
+  }
   if constexpr (std::is_same_v<T, float>) {
     _mm512_storeu_ps(dst, lo);
     _mm512_storeu_ps(dst + 16, hi);
@@ -47,15 +50,15 @@ inline void widen_span(const uint8_t* row, int64_t k0, int64_t n, T* __restrict 
   if constexpr (block_elems(Fmt) == kBlock) {
     for (int64_t j = 0; j < n / kBlock; ++j, b += block_bytes(Fmt)) {
       const float d = half_at(b);
-      widen32(small_block_q<Fmt>(b), d, d, has_min(Fmt) ? half_at(b + 2) : 0.0f,
-              dst + j * kBlock);
+      widen32<has_min(Fmt)>(small_block_q<Fmt>(b), d, d,
+                            has_min(Fmt) ? half_at(b + 2) : 0.0f, dst + j * kBlock);
     }
   } else {
     Chunk c;
     decode_k<Fmt>(b, c);
     for (int64_t j = 0; j < kChunk / kBlock; ++j) {
       const __m256i q = _mm256_load_si256(reinterpret_cast<const __m256i*>(c.q + j * kBlock));
-      widen32(q, c.g16[2 * j], c.g16[2 * j + 1], c.min32[j], dst + j * kBlock);
+      widen32<has_min(Fmt)>(q, c.g16[2 * j], c.g16[2 * j + 1], c.min32[j], dst + j * kBlock);
     }
   }
 #else

@@ -168,6 +168,14 @@ at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
 
 bool quant_amx_usable() { return kernels().amx_usable(); }
 
+// x [M, K] as the bf16 GEMM of the many-row path takes it (tests).
+at::Tensor quant_gemm_activations(at::Tensor x, bool int8_activations) {
+  x = checked_x(x, "quant_gemm_activations");
+  TORCH_CHECK(!int8_activations || x.size(1) % 32 == 0, "quant_gemm_activations: ",
+              x.size(1), " columns is not a multiple of 32");
+  return bf16_activations(x, int8_activations).clone();
+}
+
 }  // namespace
 
 at::Tensor quant_linear(at::Tensor x, at::Tensor w, const std::string& format,
@@ -205,4 +213,6 @@ TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
   m.def("quant_gemm(Tensor x, Tensor w, str format, Tensor? bias, bool int8_activations, "
         "int strip_rows, bool use_amx) -> Tensor", &plugserve::ops::quant_gemm);
   m.def("quant_amx_usable() -> bool", &plugserve::ops::quant_amx_usable);
+  m.def("quant_gemm_activations(Tensor x, bool int8_activations) -> Tensor",
+        &plugserve::ops::quant_gemm_activations);
 }
