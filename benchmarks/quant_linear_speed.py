@@ -128,6 +128,9 @@ def main() -> None:
     if library is None:
         raise SystemExit(f"the CPU kernels are unavailable: {build.unavailable_reason()}")
     if args.many:
+        from plugserve.kernels.cpu_malloc import keep_freed_memory
+
+        keep_freed_memory()  # as the engine does: large outputs reuse mapped memory
         print(f"CPU kernels: {library.isa()}; {args.threads} threads")
         shapes = [(int(a), int(b)) for a, b in (s.split("x") for s in args.shapes.split(","))]
         with torch.inference_mode():
