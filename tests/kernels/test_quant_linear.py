@@ -135,11 +135,13 @@ def _skip_without_amx() -> None:
 def test_many_rows_matches_reference(name: str, activations: Activations,
                                      dtype: torch.dtype, amx: bool) -> None:
     # amx=False: the dequantize-and-GEMM path, as on a CPU without AMX. x rows: one, odd,
-    # past one and two 16-row tiles, and many (none a multiple of 16); weight rows: none a
-    # multiple of the 32-row strip.
+    # past one and two 16-row tiles (up to 64 rows x is AMX's B operand, past that the
+    # weight), a last 32-row block of more and of less than 16 rows (none a multiple of 16);
+    # weight rows: none a multiple of the 32-row strip.
     if amx:
         _skip_without_amx()
-    cases = [(1, 5, True), (9, 37, False), (33, 300, True), (47, 45, True), (300, 70, False)]
+    cases = [(1, 5, True), (9, 37, False), (33, 300, True), (47, 45, True), (91, 70, True),
+             (300, 70, False)]
     for rows, out, bias in cases:
         cols = _cols(name)[-1]
         w = weight(name, out, cols)
