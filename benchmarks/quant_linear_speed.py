@@ -13,6 +13,16 @@ machine's read bandwidth (`sum()` of a large fp32 tensor) is printed for scale.
 
 Weights are random valid blocks (speed does not depend on the values); best of --repeats.
 The K-quants (256-weight superblocks) apply only to the 1536-column matrix.
+
+`--many 16,64,256,1024` times the many-row path instead (prefill and batched decode): ms per
+call of x[M, cols] @ W.T for each M through `quant_linear.many_rows` (int8 activations with
+float32 and bf16 x, float activations with bf16 and float32 x; on AMX where the CPU has it,
+and `--no-amx` for the dequantize-and-GEMM path), against the dense bf16 and float32
+`F.linear` and the dequantization of the whole matrix to bf16. The weight stays in the caches
+(as in a prefill, where many rows share it).
+
+    python benchmarks/quant_linear_speed.py --many 16,64,256,1024 [--formats q8_0,q4_k]
+        [--shapes 1536x576,576x1536] [--no-amx]
 """
 
 from __future__ import annotations
@@ -58,17 +68,75 @@ def stream_gb_s(calls: list[Callable[[], object]], nbytes: int, repeats: int) ->
     return len(calls) * nbytes / best_seconds(run, repeats) / GB
 
 
+WIDTHS = (10, 10, 11, 10, 11, 10)
+
+
+def row_times(w: QuantBlocks, wd: torch.Tensor, x: torch.Tensor, amx: bool,
+              ms: Callable[[Callable[[], object]], float]) -> list[float]:
+    """ms of the many-row columns of the table for x (float32) and w (wd: dequantized, bf16)."""
+    xb, wf = x.bfloat16(), wd.float()
+    return [ms(lambda: ql.many_rows(x, w, None, "int8", amx)),
+            ms(lambda: ql.many_rows(xb, w, None, "int8", amx)),
+            ms(lambda: ql.many_rows(xb, w, None, "float", amx)),
+            ms(lambda: ql.many_rows(x, w, None, "float", amx)),
+            ms(lambda: torch.nn.functional.linear(xb, wd)),
+            ms(lambda: torch.nn.functional.linear(x, wf))]
+
+
+def many_rows_table(rows: list[int], formats: list[str], shapes: list[tuple[int, int]],
+                    amx: bool, repeats: int) -> None:
+    """ms per call of the many-row path against the dense GEMMs (see the module doc)."""
+    rng = np.random.default_rng(0)
+
+    def ms(fn: Callable[[], object]) -> float:
+        return best_seconds(fn, repeats) * 1e3
+
+    print(f"many-row path: {'AMX' if amx and ql.amx_available() else 'dequantize + GEMM'}; "
+          "ms per call (x dense bf16: the dense bf16 time over this one)")
+    header = (f"{'format':<7}{'shape':>10}{'M':>6}{'int8 f32':>10}{'int8 bf16':>10}"
+              f"{'float bf16':>11}{'float f32':>10}{'dense bf16':>11}{'dense f32':>10}"
+              f"{'x dense bf16':>13}")
+    for out_f, in_f in shapes:
+        for name in formats:
+            if in_f % KEPT_TYPES[name].block_elems:
+                continue
+            w = random_blocks(name, out_f, in_f, rng)
+            wd = ql.dequantize(w, torch.bfloat16)
+            print(f"\n{name} {out_f}x{in_f}: dequantize to bf16 "
+                  f"{ms(lambda w=w: ql.dequantize(w, torch.bfloat16)):.3f} ms\n{header}")
+            for m in rows:
+                t = row_times(w, wd, torch.randn(m, in_f), amx, ms)
+                print(f"{name:<7}{f'{out_f}x{in_f}':>10}{m:6d}" + "".join(
+                    f"{v:{width}.3f}" for v, width in zip(t, WIDTHS, strict=True))
+                    + f"{t[4] / t[0]:13.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--formats", default=",".join(KEPT_TYPES))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", type=int, default=1)
+    parser.add_argument("--many", default="", help="rows of x, comma-separated: the many-row "
+                        "path's ms per call instead")
+    parser.add_argument("--shapes", default="1536x576,576x1536",
+                        help="out x in, comma-separated (with --many)")
+    parser.add_argument("--no-amx", action="store_true", help="with --many: without AMX")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     library = build.library()
     if library is None:
         raise SystemExit(f"the CPU kernels are unavailable: {build.unavailable_reason()}")
+    if args.many:
+        from plugserve.kernels.cpu_malloc import keep_freed_memory
+
+        keep_freed_memory()  # as the engine does: large outputs reuse mapped memory
+        print(f"CPU kernels: {library.isa()}; {args.threads} threads")
+        shapes = [(int(a), int(b)) for a, b in (s.split("x") for s in args.shapes.split(","))]
+        with torch.inference_mode():
+            many_rows_table([int(r) for r in args.many.split(",")], args.formats.split(","),
+                            shapes, not args.no_amx, max(args.repeats, 20))
+        return
     rng = np.random.default_rng(0)
     bandwidth = read_bandwidth(args.repeats)
     print(f"CPU kernels: {library.isa()}; {args.threads} threads; x rows {args.rows}; "

@@ -94,7 +94,31 @@ def job_flags(spec: LibrarySpec, job: Job) -> list[str]:
     flags = _common_flags(spec)
     if job.isa is not None:
         flags += [*job.isa.flags, *job.isa.macros]
+        for opt in job.isa.opt_ins:
+            extra = (*job.isa.flags, *opt.flags)
+            if opt.source == job.source.name and compiler_accepts(extra, opt.probe):
+                flags += [*opt.flags, f"-D{opt.macro}"]
     return flags
+
+
+_accepts: dict[tuple[str, tuple[str, ...], str], bool] = {}
+
+
+def compiler_accepts(flags: tuple[str, ...], probe: str) -> bool:
+    """Whether the compiler (and assembler) build `probe` with `flags`: asked once per process
+    (an older toolchain without an instruction set's flags still builds the rest)."""
+    key = (compiler(), flags, probe)
+    if key not in _accepts:
+        with tempfile.TemporaryDirectory() as tmp:
+            source = Path(tmp) / "probe.cpp"
+            source.write_text(probe)
+            cmd = [compiler(), *flags, "-c", str(source), "-o", str(Path(tmp) / "probe.o")]
+            try:
+                out = subprocess.run(cmd, capture_output=True, timeout=60, check=False)
+                _accepts[key] = out.returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                _accepts[key] = False
+    return _accepts[key]
 
 
 def _link_flags() -> list[str]:

@@ -14,6 +14,9 @@ can run. On x86-64 the ladder is
                   products), which every CPU with AVX512-BF16 has (Cooper Lake, Zen 4)
 
 and on 64-bit Arm `neon` (baseline) and `sve256` (SVE with 256-bit vectors, e.g. Graviton 3).
+A copy may compile one of its sources with more flags (`OptIn`: the avx512_bf16 copy's AMX
+kernel, `csrc/kernels/quant_amx.cpp`) where the compiler takes them; the source then sees
+the opt-in's macro and checks the CPU at run time itself (elsewhere it compiles a stub).
 `ladder()` lists the ones this machine can run, lowest first; only those are compiled
 (a machine with fewer features builds its own copy, under another cache key).
 """
@@ -32,6 +35,27 @@ ENV_ISA = "PLUGSERVE_CPU_ISA"
 
 
 @dataclass(frozen=True)
+class OptIn:
+    """Extra flags for one kernel source of a copy, used where the compiler takes them (a
+    probe compiles `probe` with them once per process): with them the source also sees
+    `-D<macro>`."""
+
+    source: str
+    flags: tuple[str, ...]
+    macro: str
+    probe: str
+
+
+# AMX tiles with bf16 dot products (Sapphire Rapids): GCC >= 11 / Clang >= 12 and binutils
+# >= 2.36 know them.
+AMX_BF16 = OptIn(
+    "quant_amx.cpp", ("-mamx-tile", "-mamx-bf16"), "PLUGSERVE_AMX",
+    "#include <immintrin.h>\n"
+    "void f(void* p) { _tile_loadd(1, p, 64); _tile_dpbf16ps(0, 1, 2); _tile_release(); }\n",
+)
+
+
+@dataclass(frozen=True)
 class Isa:
     """One instruction set: its name (also the C++ namespace of its copy of the kernels),
     the compiler flags and macros that select it, and the CPU features it needs."""
@@ -44,6 +68,7 @@ class Isa:
     namespace: str
     implementations: tuple[str, ...]
     needs: frozenset[str] = frozenset()
+    opt_ins: tuple[OptIn, ...] = ()
 
     @property
     def macros(self) -> tuple[str, ...]:
@@ -72,6 +97,7 @@ _X86 = (
         "AVX512_BF16", ("AVX512",),
         frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c", "avx512_bf16",
                    "avx512_vnni"}),
+        (AMX_BF16,),
     ),
 )
 _ARM = (

@@ -5,12 +5,19 @@ quantized weight. `activations="float"` keeps x in its dtype (the result equals 
 dequantize(w).T up to summation order); `"int8"` rounds x through int8 per 32-block first,
 as llama.cpp does, so integer dot products can be used.
 
-Two compiled paths (`csrc/kernels/quant_linear.cpp`), chosen by the rows of x:
-- up to `MAX_FEW_ROWS` rows (decode): the blocks stream once per call and are decoded in
-  registers and L1; int8 activations multiply with integer dot products (AVX512-VNNI, or
-  AVX-512BW / AVX2 `maddubs`), float activations with the blocks widened to float32;
-- more rows (prefill): a tile of weight rows at a time (`TILE_BYTES` of x's dtype) is
-  dequantized and multiplied by the dense GEMM, so the whole matrix is never dequantized.
+Two compiled paths, chosen by the rows of x:
+- up to `MAX_FEW_ROWS` rows (decode; `csrc/kernels/quant_linear.cpp`): the blocks stream once
+  per call and are decoded in registers and L1; int8 activations multiply with integer dot
+  products (AVX512-VNNI, or AVX-512BW / AVX2 `maddubs`), float activations with the blocks
+  widened to float32;
+- more rows (prefill, batched decode; `ops.quant_gemm`): with int8 activations (any x) or
+  bf16 x, a bf16 product with float32 sums, x taken to bf16 once (rounded through int8 per
+  32-block first for int8 activations) and the result returned in x's dtype: on AMX tiles
+  where `amx_available()` (`csrc/kernels/quant_amx.cpp`: strips of 32 weight rows dequantized
+  into the B tiles' layout, reused across all rows of x), else the matrix dequantized to
+  bf16 in strips of up to `STRIP_BYTES` (usually whole) and one dense GEMM per strip written
+  in place into the output. Float activations with float32 x stay float32: strips of
+  float32 weights through the float32 GEMM (x @ dequantize(w).T up to summation order).
 Without the compiled kernels (`PLUGSERVE_CPU_KERNELS=0`, no compiler) the pure-torch
 reference runs.
 """
@@ -27,8 +34,11 @@ from plugserve.quant.reference import Activations, reference_linear
 # few-row kernel's limit (skinny_linear.MAX_ROWS), not yet measured for the quantized kernels
 # (`benchmarks/quant_linear_speed.py --rows R` times the streaming kernel at R rows).
 MAX_FEW_ROWS = 8
-# Bytes of dequantized weight per GEMM tile: it stays in L2 while the GEMM reads it.
-TILE_BYTES = 1 << 20
+# Bytes of dequantized weight per strip of the dequantize-and-GEMM path: up to this much, the
+# whole matrix is dequantized and multiplied by one GEMM call (fewer, larger GEMMs run faster
+# than tiles that fit L2: see the module doc); larger matrices (a vocabulary's head) go in
+# strips of this size.
+STRIP_BYTES = 8 << 20
 ACTIVATIONS = ("int8", "float")
 
 
@@ -37,10 +47,20 @@ def available() -> bool:
     return build.library() is not None
 
 
-def tile_rows(cols: int, dtype: torch.dtype) -> int:
-    """Weight rows per dequantized tile of the many-row path (a multiple of 16)."""
+def amx_available() -> bool:
+    """Whether the many-row path runs on AMX tiles here (the CPU has AMX-BF16, the OS lets
+    this process use the tile state, and the kernels were compiled with AMX)."""
+    return available() and bool(build.ops().quant_amx_usable())
+
+
+def strip_rows(cols: int, dtype: torch.dtype) -> int:
+    """Weight rows per dequantized strip of the dequantize-and-GEMM path (a multiple of 16)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return max(16, TILE_BYTES // max(1, cols * itemsize) // 16 * 16)
+    return max(16, STRIP_BYTES // max(1, cols * itemsize) // 16 * 16)
+
+
+def _gemm_dtype(x: torch.Tensor, activations: Activations) -> torch.dtype:
+    return torch.float32 if activations == "float" and x.dtype == torch.float32 else torch.bfloat16
 
 
 def quant_linear(
@@ -60,9 +80,8 @@ def quant_linear(
     if flat.shape[0] <= MAX_FEW_ROWS:
         out = ops.quant_linear(flat, w.data, w.qtype.name, bias, int8)
     else:
-        out = ops.quant_gemm(
-            flat, w.data, w.qtype.name, bias, int8, tile_rows(w.cols, x.dtype)
-        )
+        out = ops.quant_gemm(flat, w.data, w.qtype.name, bias, int8,
+                             strip_rows(w.cols, _gemm_dtype(x, activations)), True)
     result: torch.Tensor = out.reshape(*x.shape[:-1], w.rows)
     return result
 
@@ -79,10 +98,13 @@ def few_rows(
 
 def many_rows(
     x: torch.Tensor, w: QuantBlocks, bias: torch.Tensor | None, activations: Activations,
+    amx: bool = True,
 ) -> torch.Tensor:
-    """The tiled dequantize-and-GEMM path for any number of rows of x [rows, cols]."""
+    """The many-row path for any number of rows of x [rows, cols]; amx=False keeps it off the
+    AMX kernel (the dequantize-and-GEMM path, as on a CPU without AMX)."""
     out: torch.Tensor = build.ops().quant_gemm(
-        x, w.data, w.qtype.name, bias, activations == "int8", tile_rows(w.cols, x.dtype)
+        x, w.data, w.qtype.name, bias, activations == "int8",
+        strip_rows(w.cols, _gemm_dtype(x, activations)), amx,
     )
     return out
 

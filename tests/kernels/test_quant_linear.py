@@ -1,6 +1,6 @@
-"""The compiled quantized linear (few-row streaming kernel, tiled many-row GEMM, block decoder)
-against the gguf-based reference, for every kept block format, on every ISA copy this CPU
-runs (AVX2 and scalar included on an AVX-512 machine)."""
+"""The compiled quantized linear (few-row streaming kernel, the many-row path on AMX tiles and
+by dequantize-and-GEMM, block decoder) against the gguf-based reference, for every kept block
+format, on every ISA copy this CPU runs (AVX2 and scalar included on an AVX-512 machine)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from plugserve.kernels import build
+from plugserve.kernels import compile as compile_mod
+from plugserve.kernels import isa as isa_mod
 from plugserve.kernels import quant_linear as ql
 from plugserve.quant.blocks import QuantBlocks
 from plugserve.quant.reference import (
@@ -69,20 +72,21 @@ def _inputs(rows: int, cols: int, out: int, dtype: torch.dtype, bias: bool,
 
 
 def _check(out: torch.Tensor, x: torch.Tensor, w: QuantBlocks, b: torch.Tensor | None,
-           activations: Activations, operands_rounded_to_x: bool = False) -> None:
+           activations: Activations, bf16_gemm: bool = False) -> None:
     """out against the float64 product of the reference's operands: within float32
     summation error of sum |x w|, plus one rounding to x's dtype when that is bf16 (and, for
-    the many-row bf16 GEMM, bf16 operands: 2^-8 of sum |x w|)."""
+    the many-row bf16 GEMM, whatever x's dtype: bf16 operands, 2^-8 of sum |x w|, and one
+    rounding of the result to bf16)."""
     xr = (quantize_activations_int8(x) if activations == "int8" else x.float()).double()
     wd = dequantize(w).double()
     exact = xr @ wd.T + (0 if b is None else b.double())
     magnitude = xr.abs() @ wd.abs().T + (0 if b is None else b.double().abs())
     assert out.dtype == x.dtype and out.shape == exact.shape
     bound = 8 * EPS32 * w.cols**0.5 * magnitude + 1e-30
-    if x.dtype == torch.bfloat16:
+    if x.dtype == torch.bfloat16 or bf16_gemm:
         bound = bound + exact.abs() * 2.0**-8
-        if operands_rounded_to_x:
-            bound = bound + magnitude * 2.0**-8
+    if bf16_gemm:
+        bound = bound + magnitude * 2.0**-8
     err = (out.double() - exact).abs()
     worst = float((err / bound).max())
     assert worst <= 1.0, f"error {worst:.3g}x the bound"
@@ -120,26 +124,81 @@ def test_few_rows_matches_reference(name: str, activations: Activations,
             _check(ql.few_rows(x, w, b, activations), x, w, b, activations)
 
 
+def _skip_without_amx() -> None:
+    if not ql.amx_available():
+        pytest.skip("no AMX here: the CPU lacks AMX-BF16, the OS refused the tile state, or "
+                    "this ISA copy was built without AMX")
+
+
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("activations", ["int8", "float"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "no_amx"])
 def test_many_rows_matches_reference(name: str, activations: Activations,
-                                     dtype: torch.dtype) -> None:
-    for rows, out, bias in [(1, 5, True), (9, 37, False), (33, 300, True)]:
+                                     dtype: torch.dtype, amx: bool) -> None:
+    # amx=False: the dequantize-and-GEMM path, as on a CPU without AMX. x rows: one, odd,
+    # past one and two 16-row tiles (up to 64 rows x is AMX's B operand, past that the
+    # weight), a last 32-row block of more and of less than 16 rows (none a multiple of 16);
+    # weight rows: none a multiple of the 32-row strip.
+    if amx:
+        _skip_without_amx()
+    cases = [(1, 5, True), (9, 37, False), (33, 300, True), (47, 45, True), (91, 70, True),
+             (300, 70, False)]
+    for rows, out, bias in cases:
         cols = _cols(name)[-1]
         w = weight(name, out, cols)
         x, b = _inputs(rows, cols, out, dtype, bias, seed=rows)
-        _check(ql.many_rows(x, w, b, activations), x, w, b, activations,
-               operands_rounded_to_x=True)
+        bf16_gemm = activations == "int8" or dtype == torch.bfloat16
+        _check(ql.many_rows(x, w, b, activations, amx=amx), x, w, b, activations, bf16_gemm)
 
 
-def test_many_rows_tiles_the_weight(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Tiles of 16 rows over 50 output rows: three whole tiles and a partial one.
-    monkeypatch.setattr(ql, "TILE_BYTES", 16 * 96 * 4)
-    assert ql.tile_rows(96, torch.float32) == 16
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "no_amx"])
+def test_many_rows_float_activations_keep_float32(amx: bool) -> None:
+    # The float mode in float32 never goes through bf16, AMX or not (float32 error bounds).
+    w = weight("q4_k", 45, 256)
+    x, b = _inputs(19, 256, 45, torch.float32, True, seed=5)
+    _check(ql.many_rows(x, w, b, "float", amx=amx), x, w, b, "float")
+
+
+def test_amx_is_used_where_the_cpu_has_it() -> None:
+    # The build wiring: on a CPU with AMX-BF16, the avx512_bf16 copy has the AMX kernel
+    # (where the compiler takes the AMX flags).
+    library = build.library()
+    assert library is not None
+    if "amx_bf16" not in isa_mod._cpu_flags() or library.isa() != "avx512_bf16":
+        pytest.skip(f"the CPU has no AMX-BF16 or the copy in use ({library.isa()}) has no AMX")
+    opt = isa_mod.AMX_BF16
+    if not compile_mod.compiler_accepts((*isa_mod.by_name("avx512_bf16").flags, *opt.flags),
+                                        opt.probe):
+        pytest.skip("the compiler does not take the AMX flags")
+    assert ql.amx_available()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bf16_gemm_rounds_activations_as_the_reference(dtype: torch.dtype) -> None:
+    # x through int8 per 32-block exactly as the reference rounds it (then to bf16), ties
+    # included: a block whose max is 127 has scale 1, and its halves round to even.
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(37, 96, generator=gen) * torch.logspace(-3, 3, 96)
+    x[0, :32] = torch.arange(32) - 15.5
+    x[0, 31] = 127.0
+    x[1, 32:64] = 0.0
+    x = x.to(dtype)
+    got = build.ops().quant_gemm_activations(x, True)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, quantize_activations_int8(x).bfloat16())
+    assert torch.equal(build.ops().quant_gemm_activations(x, False), x.bfloat16())
+
+
+def test_many_rows_strips_the_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Strips of 16 rows over 50 output rows: three whole strips and a partial one.
+    monkeypatch.setattr(ql, "STRIP_BYTES", 16 * 96 * 4)
+    assert ql.strip_rows(96, torch.float32) == 16
     w = weight("q4_1", 50, 96)
-    x, b = _inputs(12, 96, 50, torch.float32, True, seed=4)
-    _check(ql.many_rows(x, w, b, "float"), x, w, b, "float")
+    for dtype in (torch.float32, torch.bfloat16):
+        x, b = _inputs(12, 96, 50, dtype, True, seed=4)
+        _check(ql.many_rows(x, w, b, "float", amx=False), x, w, b, "float",
+               dtype == torch.bfloat16)
 
 
 @pytest.mark.parametrize("activations", ["int8", "float"])
@@ -149,7 +208,8 @@ def test_entry_chooses_by_rows_and_keeps_leading_dims(activations: Activations) 
         x, b = _inputs(rows, 96, 40, torch.float32, True, seed=rows)
         out = ql.quant_linear(x.reshape(1, rows, 96), w, b, activations)
         assert out.shape == (1, rows, 40)
-        _check(out.reshape(rows, 40), x, w, b, activations)
+        many = rows > ql.MAX_FEW_ROWS and activations == "int8"  # the bf16 GEMM
+        _check(out.reshape(rows, 40), x, w, b, activations, many)
 
 
 def test_strided_rows_of_x_are_read_in_place() -> None:

@@ -203,6 +203,34 @@ struct QuantDequantizeArgs {
   Dtype dtype;
 };
 
+// out [M, K] bf16 (contiguous) = x [M, K] (`dtype`: f32 or bf16, rows x_stride apart) as the
+// many-row quantized GEMM multiplies it: rounded through int8 per 32-block (the few-row
+// kernel's int8 activations: scale max|x| / 127 kept as fp16, quants rounded half to even)
+// when int8, else as is; the value then rounded to bf16.
+struct QuantActivationsArgs {
+  const void* x;
+  int64_t x_stride;
+  void* out;
+  int64_t M, K;
+  Dtype dtype;
+  bool int8;
+};
+
+// out [M, N] (`out_dtype`: f32 or bf16, contiguous) = x [M, K] (bf16, rows x_stride apart) @
+// dequantize(w).T rounded to bf16, summed in float32 (+ bias, float32) with AMX tiles. The
+// kernel returns false, writing nothing, where this copy or this CPU (or its OS) has no AMX.
+struct QuantGemmArgs {
+  const void* x;
+  int64_t x_stride;
+  const uint8_t* w;
+  int64_t w_row_bytes;
+  const float* bias;  // nullptr: none
+  void* out;
+  int64_t M, K, N;
+  QuantFormat format;
+  Dtype out_dtype;
+};
+
 // name, return type, parameters: every ISA copy defines each of these.
 #define PLUGSERVE_KERNELS(X)                                   \
   X(void, skinny_linear, (const SkinnyLinearArgs& args))       \
@@ -216,7 +244,10 @@ struct QuantDequantizeArgs {
   X(void, row_argmax, (const RowArgmaxArgs& args))             \
   X(void, store_rows, (const StoreRowsArgs& args))             \
   X(void, quant_linear, (const QuantLinearArgs& args))         \
-  X(void, quant_dequantize, (const QuantDequantizeArgs& args))
+  X(void, quant_dequantize, (const QuantDequantizeArgs& args))  \
+  X(void, quant_activations, (const QuantActivationsArgs& args)) \
+  X(bool, quant_gemm_amx, (const QuantGemmArgs& args))         \
+  X(bool, amx_usable, ())
 
 #define PLUGSERVE_DECLARE_KERNEL(ret, name, params) ret name params;
 

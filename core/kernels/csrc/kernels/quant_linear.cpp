@@ -1,6 +1,5 @@
 // y = x @ dequantize(w).T (+ bias) for a few rows of x with w kept in its GGML blocks: the
-// decode step's linears over a quantized model, and the tile dequantization of the many-row
-// path (ops/quant_linear.cpp runs the dense GEMM over the tiles).
+// decode step's linears over a quantized model (the many-row path is quant_gemm.cpp).
 //
 // Each thread streams its contiguous share of weight rows once (prefetching ahead into L2, as
 // skinny_linear.cpp does), decodes each chunk of 256 weights into int8 quants with per-16
@@ -455,26 +454,6 @@ void quant_linear_typed(const QuantLinearArgs& a) {
   }
 }
 
-template <QuantFormat Fmt, typename TO>
-void dequantize_rows(const QuantDequantizeArgs& a) {
-  TO* out = static_cast<TO*>(a.out);
-  at::parallel_for(0, a.rows, 1, [&](int64_t begin, int64_t end) {
-    Chunk c;
-    for (int64_t r = begin; r < end; ++r) {
-      const uint8_t* row = a.w + r * a.w_row_bytes;
-      TO* dst = out + r * a.K;
-      for (int64_t k0 = 0; k0 < a.K; k0 += kChunk) {
-        const int64_t len = std::min(kChunk, a.K - k0);
-        quant::decode_chunk<Fmt>(row, k0, len, c);
-        alignas(64) float wf[kChunk];
-        widen_chunk(c, len, wf);
-#pragma omp simd
-        for (int64_t k = 0; k < len; ++k) dst[k0 + k] = from_float<TO>(wf[k]);
-      }
-    }
-  });
-}
-
 }  // namespace
 
 void quant_linear(const QuantLinearArgs& a) {
@@ -486,18 +465,6 @@ void quant_linear(const QuantLinearArgs& a) {
     } else {
       TORCH_CHECK(a.dtype == Dtype::bf16, "quant_linear: float32 or bfloat16 activations only");
       quant_linear_typed<Fmt, BF16>(a);
-    }
-  });
-}
-
-void quant_dequantize(const QuantDequantizeArgs& a) {
-  quant::with_format(a.format, [&](auto fmt) {
-    constexpr QuantFormat Fmt = decltype(fmt)::value;
-    if (a.dtype == Dtype::f32) {
-      dequantize_rows<Fmt, float>(a);
-    } else {
-      TORCH_CHECK(a.dtype == Dtype::bf16, "quant_dequantize: float32 or bfloat16 output only");
-      dequantize_rows<Fmt, BF16>(a);
     }
   });
 }

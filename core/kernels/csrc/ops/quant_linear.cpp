@@ -1,11 +1,10 @@
-// Linear ops over GGML block-quantized weights (kernels/quant_linear.cpp): the few-row kernel,
-// the dequantization of weight rows, and the many-row path, which dequantizes a tile of
-// weight rows at a time into x's dtype and runs the dense GEMM over it (the whole matrix is
-// never dequantized at once).
+// Linear ops over GGML block-quantized weights: the few-row kernel (kernels/quant_linear.cpp),
+// the dequantization of weight rows, and the many-row path (quant_gemm below): the AMX kernel
+// (kernels/quant_amx.cpp) where it runs, else strips of dequantized weight rows (up to the
+// whole matrix) through the dense GEMM, each strip's product written in place into out.
+#include <ATen/ops/add.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/mm.h>
-#include <ATen/ops/where.h>
-#include <ATen/ops/zeros_like.h>
 
 #include <string>
 
@@ -68,49 +67,113 @@ at::Tensor quant_dequantize(at::Tensor w, const std::string& format, int64_t col
   return out;
 }
 
-// x rounded through int8 per 32-block, as the few-row kernel does (reference:
-// plugserve.quant.reference.quantize_activations_int8), in x's dtype.
-at::Tensor round_activations_int8(const at::Tensor& x) {
-  const auto blocks = x.to(at::kFloat).reshape({x.size(0), x.size(1) / 32, 32});
-  const auto scale = std::get<0>(blocks.abs().max(-1, true)).div(127.0);
-  const auto q = at::where(scale.gt(0), blocks.div(scale), at::zeros_like(blocks)).round();
-  const auto scale16 = scale.to(at::kHalf).to(at::kFloat);
-  return q.mul(scale16).reshape(x.sizes()).to(x.scalar_type());
+// Weight rows [n0, n0 + rows) dequantized into w_strip, times x into out's columns n0.. (in
+// place: a strided column block of out), bias b (x's dtype) added.
+void strip_gemm(const at::Tensor& x, const at::Tensor& w, QuantFormat f, const at::Tensor& b,
+                int64_t n0, int64_t rows, at::Tensor& w_strip, at::Tensor& out) {
+  auto ws = w_strip.narrow(0, 0, rows);
+  dequantize_into(w.narrow(0, n0, rows), f, x.size(1), ws);
+  auto os = out.narrow(1, n0, rows);
+  if (b.defined()) {
+    at::addmm_out(os, b.narrow(0, n0, rows), x, ws.t());
+  } else {
+    at::mm_out(os, x, ws.t());
+  }
 }
 
+// out = x @ dequantize(w).T (+ bias) in x's dtype, strip_rows weight rows at a time.
+void strips_gemm(const at::Tensor& x, const at::Tensor& w, QuantFormat f,
+                 const std::optional<at::Tensor>& bias, int64_t strip_rows, at::Tensor& out) {
+  const int64_t N = w.size(0);
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) b = bias->to(x.scalar_type()).reshape({N});
+  const int64_t strip = std::min(strip_rows, N);
+  auto w_strip = at::empty({strip, x.size(1)}, x.options());
+  for (int64_t n0 = 0; n0 < N; n0 += strip)
+    strip_gemm(x, w, f, b, n0, std::min(strip, N - n0), w_strip, out);
+}
+
+// x as the bf16 GEMM takes it: rounded through int8 per 32-block first when int8, and in one
+// compiled pass (x itself where it is bf16 already, rows contiguous, and not rounded).
+at::Tensor bf16_activations(const at::Tensor& x, bool int8) {
+  if (!int8 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1) return x;
+  auto out = at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
+  QuantActivationsArgs a{};
+  a.x = x.data_ptr();
+  a.x_stride = x.stride(0);
+  a.out = out.data_ptr();
+  a.M = x.size(0);
+  a.K = x.size(1);
+  a.dtype = float_dtype(x, "quant_gemm");
+  a.int8 = int8;
+  kernels().quant_activations(a);
+  return out;
+}
+
+bool amx_gemm(const at::Tensor& xb, const at::Tensor& w, QuantFormat f,
+              const std::optional<at::Tensor>& bias, at::Tensor& out) {
+  const auto bias32 = bias_as_float(bias, w.size(0), "quant_gemm");
+  QuantGemmArgs a{};
+  a.x = xb.data_ptr();
+  a.x_stride = xb.stride(0);
+  a.w = w.data_ptr<uint8_t>();
+  a.w_row_bytes = w.size(1);
+  a.bias = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
+  a.out = out.data_ptr();
+  a.M = xb.size(0);
+  a.K = xb.size(1);
+  a.N = w.size(0);
+  a.format = f;
+  a.out_dtype = float_dtype(out, "quant_gemm");
+  return kernels().quant_gemm_amx(a);
+}
+
+// The many-row path. Float activations in float32: strips of float32 weights, the float32
+// GEMM. Int8 activations (any x) and bf16 x: x in bf16 (rounded through int8 first for int8
+// activations), float32 sums over bf16 weights: the AMX kernel where it runs (use_amx), else
+// strips of bf16 weights through the dense bf16 GEMM (oneDNN), the result in x's dtype.
 at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
                       const std::optional<at::Tensor>& bias, bool int8_activations,
-                      int64_t tile_rows) {
+                      int64_t strip_rows, bool use_amx) {
   const QuantFormat f = format_of(format);
   x = checked_x(x, "quant_gemm");
   w = checked_blocks(w, f, format, x.size(1), "quant_gemm");
-  TORCH_CHECK(tile_rows > 0, "quant_gemm: tile_rows must be positive, got ", tile_rows);
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  auto out = at::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return out;
-  if (K % 32 == 0 && int8_activations) x = round_activations_int8(x);
-  at::Tensor b;
+  TORCH_CHECK(strip_rows > 0, "quant_gemm: strip_rows must be positive, got ", strip_rows);
   if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == N, "quant_gemm: bias has ", bias->numel(), " values for ", N,
-                " outputs");
-    b = bias->to(x.scalar_type()).reshape({N});
+    TORCH_CHECK(bias->numel() == w.size(0), "quant_gemm: bias has ", bias->numel(),
+                " values for ", w.size(0), " outputs");
   }
-  const int64_t tile = std::min(tile_rows, N);
-  auto w_tile = at::empty({tile, K}, x.options());
-  auto out_tile = at::empty({M, tile}, x.options());
-  for (int64_t n0 = 0; n0 < N; n0 += tile) {
-    const int64_t rows = std::min(tile, N - n0);
-    auto wt = w_tile.narrow(0, 0, rows);
-    dequantize_into(w.narrow(0, n0, rows), f, K, wt);
-    auto ot = out_tile.narrow(1, 0, rows);
-    if (b.defined()) {
-      at::addmm_out(ot, b.narrow(0, n0, rows), x, wt.t());
-    } else {
-      at::mm_out(ot, x, wt.t());
-    }
-    out.narrow(1, n0, rows).copy_(ot);
+  auto out = at::empty({x.size(0), w.size(0)}, x.options());
+  if (x.size(0) == 0 || w.size(0) == 0) return out;
+  const bool int8 = int8_activations && x.size(1) % 32 == 0;
+  if (!int8 && x.scalar_type() == at::kFloat) {
+    strips_gemm(x, w, f, bias, strip_rows, out);
+    return out;
+  }
+  const auto xb = bf16_activations(x, int8);
+  if (use_amx && amx_gemm(xb, w, f, bias, out)) return out;
+  if (out.scalar_type() == at::kBFloat16) {
+    strips_gemm(xb, w, f, bias, strip_rows, out);
+    return out;
+  }
+  auto out16 = at::empty(out.sizes(), xb.options());
+  strips_gemm(xb, w, f, std::nullopt, strip_rows, out16);
+  if (bias.has_value() && bias->defined()) {
+    at::add_out(out, out16, bias->to(at::kFloat).reshape({w.size(0)}));
+  } else {
+    out.copy_(out16);
   }
   return out;
+}
+
+bool quant_amx_usable() { return kernels().amx_usable(); }
+
+// x [M, K] as the bf16 GEMM of the many-row path takes it (tests).
+at::Tensor quant_gemm_activations(at::Tensor x, bool int8_activations) {
+  x = checked_x(x, "quant_gemm_activations");
+  TORCH_CHECK(!int8_activations || x.size(1) % 32 == 0, "quant_gemm_activations: ",
+              x.size(1), " columns is not a multiple of 32");
+  return bf16_activations(x, int8_activations).clone();
 }
 
 }  // namespace
@@ -148,5 +211,8 @@ TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
   m.def("quant_dequantize(Tensor w, str format, int cols, ScalarType dtype) -> Tensor",
         &plugserve::ops::quant_dequantize);
   m.def("quant_gemm(Tensor x, Tensor w, str format, Tensor? bias, bool int8_activations, "
-        "int tile_rows) -> Tensor", &plugserve::ops::quant_gemm);
+        "int strip_rows, bool use_amx) -> Tensor", &plugserve::ops::quant_gemm);
+  m.def("quant_amx_usable() -> bool", &plugserve::ops::quant_amx_usable);
+  m.def("quant_gemm_activations(Tensor x, bool int8_activations) -> Tensor",
+        &plugserve::ops::quant_gemm_activations);
 }

@@ -1,0 +1,390 @@
+// The many-row quantized linear on AMX (Sapphire Rapids and later): out = x @ dequantize(w).T
+// with x in bf16, the weight blocks dequantized to bf16 and float32 sums in tile registers.
+//
+// Compiled with the AMX flags only into the avx512_bf16 copy, and only where the compiler
+// takes them (plugserve.kernels.isa: PLUGSERVE_AMX); every other copy returns false and the
+// op runs the dequantize-and-GEMM path. At run time the kernel also needs the CPU's AMX-BF16
+// and the OS's leave to use the tile state (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM,
+// XFEATURE_XTILEDATA), asked once per process); without them it returns false.
+//
+// Each task takes strips of 32 weight rows, dequantized to bf16 (64 * K bytes, kept in L1 /
+// L2 while every row of x runs past them), 2 x 2 tiles at a time into 4 C tiles of 16 x 16
+// float32 sums:
+// - more than kRowsAsB rows of x: the strip goes a chunk (256 weights) of its rows at a time
+//   into the VNNI-pair layout of B tiles (per 32 columns of K and 16 weight rows: 16 rows of
+//   16 (k, k + 1) bf16 pairs, 1 KiB); A tiles are 16 rows x 32 columns straight from x;
+// - up to kRowsAsB rows: the roles swap, so the weight, which few rows share, needs no
+//   transpose: its row-major strip is the A operand, x (packed once per call) the B one,
+//   and each C tile is transposed as it is stored.
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include "../vec/pvec.h"
+#include "quant_blocks.h"
+#include "quant_widen.h"
+
+#if defined(PLUGSERVE_AMX)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <vector>
+#endif
+
+PLUGSERVE_ISA_BEGIN
+
+#if defined(PLUGSERVE_AMX)
+namespace {
+
+using namespace vec;
+using quant::kBlock;
+using quant::kChunk;
+
+constexpr int64_t kStrip = 32;     // weight rows per strip: two B tiles
+constexpr int64_t kTileK = 32;     // bf16 columns of K per tile
+constexpr int64_t kTileElems = 512;  // bf16 values in one 16 x 64-byte tile
+// Rows of x up to which x is the B operand and the weight the A one (few rows: the weight
+// is then not transposed), past which the weight is packed into B tiles once per strip
+// (measured: 16 rows 25-30% faster as B, 64 even, 128 and more slower).
+constexpr int64_t kRowsAsB = 64;
+
+bool amx_granted() {
+  static const bool granted = [] {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
+    if (!amx_bf16 || !amx_tile) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: C (16 x 16 float32), 4-5: A (16 rows of x, 32 bf16), 6-7: B (16 VNNI rows).
+void configure_tiles() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// r[i] (16 32-bit values each) becomes column i of the 16 x 16 matrix the rows made.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 16; i += 8) {
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xDD);
+    }
+  }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xDD);
+  }
+}
+
+// Rows [n0, n0 + rows) of the weight (rows <= 32; the rest zero) into the strip's B tiles:
+// tile (kb, h) holds weight rows n0 + 16h .. + 16 and columns 32kb .. + 32 as 16 rows of
+// 16 pairs: row p, pair i = (w[16h + i][32kb + 2p], w[16h + i][32kb + 2p + 1]).
+template <QuantFormat Fmt>
+void pack_strip(const QuantGemmArgs& a, int64_t n0, int64_t rows, BF16* strip) {
+  alignas(64) BF16 chunk[kStrip][kChunk];
+  for (int64_t k0 = 0; k0 < a.K; k0 += kChunk) {
+    const int64_t len = std::min(kChunk, a.K - k0);
+    const int64_t span = len / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
+    const int64_t at = k0 / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
+    for (int64_t r = 0; r < kStrip; ++r) {
+      if (r < rows) {
+        const uint8_t* row = a.w + (n0 + r) * a.w_row_bytes;
+        // The same bytes of the next strip's row, into L2 while this strip is multiplied
+        // (32 rows read a chunk at a time are too many streams for the hardware prefetcher).
+        if (n0 + kStrip + r < a.N) {
+          for (int64_t off = 0; off < span; off += 64)
+            prefetch_l2(row + kStrip * a.w_row_bytes + at + off);
+        }
+        quant::widen_span<Fmt, BF16>(row, k0, len, chunk[r]);
+      } else {
+        std::memset(static_cast<void*>(chunk[r]), 0, sizeof(chunk[r]));
+      }
+    }
+    // A 16 x 16 transpose of 32-bit pairs per tile: row i of the chunk's 32 columns is 16
+    // pairs; tile row p takes pair p of every row.
+    for (int64_t kb = 0; kb < len / kTileK; ++kb) {
+      for (int64_t h = 0; h < 2; ++h) {
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i)
+          r[i] = _mm512_load_si512(chunk[16 * h + i] + kb * kTileK);
+        transpose16(r);
+        // r[p] now holds pair p of rows 0..15.
+        BF16* tile = strip + ((k0 / kTileK + kb) * 2 + h) * kTileElems;
+        for (int p = 0; p < 16; ++p) _mm512_store_si512(tile + p * 32, r[p]);
+      }
+    }
+  }
+}
+
+template <typename TO>
+void store_rows(const float* c, int64_t m0, int64_t m_count, int64_t n0, int64_t n_count,
+                const QuantGemmArgs& a) {
+  TO* out = static_cast<TO*>(a.out);
+  const __mmask16 lo = n_count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n_count) - 1);
+  const __mmask16 hi = n_count >= 32 ? __mmask16(0xFFFF)
+                       : n_count <= 16 ? __mmask16(0)
+                                       : __mmask16((1u << (n_count - 16)) - 1);
+  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+  if (a.bias != nullptr) {
+    b0 = _mm512_maskz_loadu_ps(lo, a.bias + n0);
+    b1 = _mm512_maskz_loadu_ps(hi, a.bias + n0 + 16);
+  }
+  for (int64_t m = 0; m < m_count; ++m) {
+    const __m512 v0 = _mm512_add_ps(_mm512_load_ps(c + m * kStrip), b0);
+    const __m512 v1 = _mm512_add_ps(_mm512_load_ps(c + m * kStrip + 16), b1);
+    TO* dst = out + (m0 + m) * a.N + n0;
+    if constexpr (std::is_same_v<TO, float>) {
+      _mm512_mask_storeu_ps(dst, lo, v0);
+      _mm512_mask_storeu_ps(dst + 16, hi, v1);
+    } else {
+      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v1, v0));
+      _mm512_mask_storeu_epi16(dst, (__mmask32(hi) << 16) | lo, both);
+    }
+  }
+}
+
+// All rows of x times one packed strip (n_count <= 32 valid weight rows at n0).
+template <typename TO>
+void multiply_strip(const QuantGemmArgs& a, const BF16* strip, const BF16* x_tail,
+                    int64_t n0, int64_t n_count) {
+  const BF16* x = static_cast<const BF16*>(a.x);
+  alignas(64) float c[kStrip * kStrip];
+  const int64_t kbs = a.K / kTileK;
+  for (int64_t m0 = 0; m0 < a.M; m0 += 32) {
+    const int64_t m_count = std::min<int64_t>(32, a.M - m0);
+    // Whole 32-row blocks straight from x; the last partial one from its zero-padded copy.
+    const bool whole = m_count == 32;
+    const BF16* xa = whole ? x + m0 * a.x_stride : x_tail;
+    const int64_t stride = (whole ? a.x_stride : a.K) * 2;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (m_count > 16) {
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t kb = 0; kb < kbs; ++kb) {
+        // Each load just before the first product that needs it.
+        _tile_loadd(4, xa + kb * kTileK, stride);
+        _tile_loadd(6, strip + (kb * 2) * kTileElems, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, strip + (kb * 2 + 1) * kTileElems, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, xa + 16 * (stride / 2) + kb * kTileK, stride);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(2, c + 16 * kStrip, kStrip * 4);
+      _tile_stored(3, c + 16 * kStrip + 16, kStrip * 4);
+    } else {
+      for (int64_t kb = 0; kb < kbs; ++kb) {
+        _tile_loadd(4, xa + kb * kTileK, stride);
+        _tile_loadd(6, strip + (kb * 2) * kTileElems, 64);
+        _tile_loadd(7, strip + (kb * 2 + 1) * kTileElems, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+    }
+    _tile_stored(0, c, kStrip * 4);
+    _tile_stored(1, c + 16, kStrip * 4);
+    store_rows<TO>(c, m0, m_count, n0, n_count, a);
+  }
+}
+
+template <QuantFormat Fmt, typename TO>
+void gemm_typed(const QuantGemmArgs& a) {
+  // The last partial block of 32 rows of x, zero-padded (tile loads read 16 or 32 rows).
+  std::vector<BF16> x_tail;
+  if (a.M % 32 != 0) {
+    const int64_t m0 = a.M / 32 * 32;
+    x_tail.assign(32 * a.K, BF16(0.0f));
+    const BF16* x = static_cast<const BF16*>(a.x);
+    for (int64_t m = m0; m < a.M; ++m)
+      std::memcpy(static_cast<void*>(&x_tail[(m - m0) * a.K]), x + m * a.x_stride, a.K * 2);
+  }
+  const int64_t strips = (a.N + kStrip - 1) / kStrip;
+  at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
+    configure_tiles();
+    BF16* strip = static_cast<BF16*>(std::aligned_alloc(64, kStrip * a.K * 2));
+    for (int64_t s = begin; s < end; ++s) {
+      const int64_t n0 = s * kStrip, n_count = std::min(kStrip, a.N - n0);
+      pack_strip<Fmt>(a, n0, n_count, strip);
+      multiply_strip<TO>(a, strip, x_tail.data(), n0, n_count);
+    }
+    std::free(strip);
+    _tile_release();
+  });
+}
+
+// ---- few rows of x (M <= kRowsAsB): the weight as the A operand -------------------------
+// Row-major weight rows load straight into A tiles (no transpose of the weight: the cost
+// that dominates when few rows share it); x, packed once per call into the VNNI layout of
+// B tiles, is the B operand; each C tile (16 weight rows x 16 rows of x) is transposed as
+// it is stored.
+
+// x rows [16j, 16j + 16) (zero past M), columns 32kb .. + 32 at xp + (j * kbs + kb) * 512.
+void pack_x(const QuantGemmArgs& a, BF16* xp) {
+  const BF16* x = static_cast<const BF16*>(a.x);
+  const int64_t kbs = a.K / kTileK;
+  for (int64_t j = 0; j * 16 < a.M; ++j) {
+    for (int64_t kb = 0; kb < kbs; ++kb) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        const int64_t m = 16 * j + i;
+        r[i] = m < a.M ? _mm512_loadu_si512(x + m * a.x_stride + kb * kTileK)
+                       : _mm512_setzero_si512();
+      }
+      transpose16(r);
+      BF16* tile = xp + (j * kbs + kb) * kTileElems;
+      for (int p = 0; p < 16; ++p) _mm512_store_si512(tile + p * 32, r[p]);
+    }
+  }
+}
+
+// out rows m0 .. + m_count, columns n0 .. + n_count from c [32 weight rows][32 rows of x].
+template <typename TO>
+void store_transposed(const float* c, int64_t m0, int64_t m_count, int64_t n0,
+                      int64_t n_count, const QuantGemmArgs& a) {
+  TO* out = static_cast<TO*>(a.out);
+  for (int64_t h = 0; h < 2 && 16 * h < n_count; ++h) {
+    const int64_t nh = std::min<int64_t>(16, n_count - 16 * h);
+    const __mmask16 mask = nh >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nh) - 1);
+    const __m512 bias = a.bias != nullptr ? _mm512_maskz_loadu_ps(mask, a.bias + n0 + 16 * h)
+                                          : _mm512_setzero_ps();
+    for (int64_t g = 0; g < 2 && 16 * g < m_count; ++g) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = _mm512_load_si512(c + (16 * h + i) * kStrip + 16 * g);
+      transpose16(r);  // r[j]: row 16g + j of x against the 16 weight rows
+      for (int64_t j = 0; j < std::min<int64_t>(16, m_count - 16 * g); ++j) {
+        const __m512 v = _mm512_add_ps(_mm512_castsi512_ps(r[j]), bias);
+        TO* dst = out + (m0 + 16 * g + j) * a.N + n0 + 16 * h;
+        if constexpr (std::is_same_v<TO, float>) {
+          _mm512_mask_storeu_ps(dst, mask, v);
+        } else {
+          _mm256_mask_storeu_epi16(dst, mask, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+        }
+      }
+    }
+  }
+}
+
+template <QuantFormat Fmt, typename TO>
+void gemm_rows_as_b(const QuantGemmArgs& a) {
+  const int64_t kbs = a.K / kTileK, mblocks = (a.M + 15) / 16;
+  BF16* xp = static_cast<BF16*>(std::aligned_alloc(64, mblocks * kbs * kTileElems * 2));
+  pack_x(a, xp);
+  const int64_t strips = (a.N + kStrip - 1) / kStrip;
+  at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
+    configure_tiles();
+    BF16* w = static_cast<BF16*>(std::aligned_alloc(64, kStrip * a.K * 2));
+    alignas(64) float c[kStrip * kStrip];
+    const int64_t stride = a.K * 2;
+    for (int64_t s = begin; s < end; ++s) {
+      const int64_t n0 = s * kStrip, n_count = std::min(kStrip, a.N - n0);
+      for (int64_t r = 0; r < kStrip; ++r) {
+        if (r < n_count) {
+          const uint8_t* row = a.w + (n0 + r) * a.w_row_bytes;
+          if (s + 1 < end) {  // the next strip's row into L2 (see pack_strip)
+            for (int64_t off = 0; off < a.w_row_bytes; off += 64)
+              prefetch_l2(row + kStrip * a.w_row_bytes + off);
+          }
+          quant::widen_row<Fmt, BF16>(row, a.K, w + r * a.K);
+        } else {
+          std::memset(static_cast<void*>(w + r * a.K), 0, a.K * 2);
+        }
+      }
+      for (int64_t j = 0; j < mblocks; j += 2) {
+        const BF16* b0 = xp + j * kbs * kTileElems;
+        _tile_zero(0);
+        _tile_zero(2);
+        if (j + 1 < mblocks) {
+          const BF16* b1 = b0 + kbs * kTileElems;
+          _tile_zero(1);
+          _tile_zero(3);
+          for (int64_t kb = 0; kb < kbs; ++kb) {
+            _tile_loadd(4, w + kb * kTileK, stride);
+            _tile_loadd(6, b0 + kb * kTileElems, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, b1 + kb * kTileElems, 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(5, w + 16 * a.K + kb * kTileK, stride);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+          }
+          _tile_stored(1, c + 16, kStrip * 4);
+          _tile_stored(3, c + 16 * kStrip + 16, kStrip * 4);
+        } else {
+          for (int64_t kb = 0; kb < kbs; ++kb) {
+            _tile_loadd(4, w + kb * kTileK, stride);
+            _tile_loadd(6, b0 + kb * kTileElems, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(5, w + 16 * a.K + kb * kTileK, stride);
+            _tile_dpbf16ps(2, 5, 6);
+          }
+        }
+        _tile_stored(0, c, kStrip * 4);
+        _tile_stored(2, c + 16 * kStrip, kStrip * 4);
+        store_transposed<TO>(c, 16 * j, std::min<int64_t>(32, a.M - 16 * j), n0, n_count, a);
+      }
+    }
+    std::free(w);
+    _tile_release();
+  });
+  std::free(xp);
+}
+
+}  // namespace
+
+bool amx_usable() { return amx_granted(); }
+
+bool quant_gemm_amx(const QuantGemmArgs& a) {
+  if (!amx_granted() || a.K % kTileK != 0) return false;
+  quant::with_format(a.format, [&](auto fmt) {
+    constexpr QuantFormat Fmt = decltype(fmt)::value;
+    TORCH_CHECK(a.out_dtype == Dtype::f32 || a.out_dtype == Dtype::bf16,
+                "quant_gemm: float32 or bfloat16 output only");
+    const bool f32 = a.out_dtype == Dtype::f32;
+    if (a.M <= kRowsAsB) {
+      f32 ? gemm_rows_as_b<Fmt, float>(a) : gemm_rows_as_b<Fmt, BF16>(a);
+    } else {
+      f32 ? gemm_typed<Fmt, float>(a) : gemm_typed<Fmt, BF16>(a);
+    }
+  });
+  return true;
+}
+
+#else  // no AMX in this copy
+
+bool amx_usable() { return false; }
+bool quant_gemm_amx(const QuantGemmArgs&) { return false; }
+
+#endif
+
+PLUGSERVE_ISA_END

@@ -1,0 +1,162 @@
+// The pieces of the many-row quantized linear that every ISA copy has (ops/quant_linear.cpp
+// puts them together; quant_amx.cpp is the AMX kernel):
+// - quant_dequantize: rows of GGML blocks widened to float32 or bf16 (quant_widen.h), each
+//   thread a contiguous run of rows;
+// - quant_activations: x as the bf16 GEMM multiplies it, rounded through int8 per 32-block
+//   first for int8 activations, in one pass (the few-row kernel's rounding, quant_linear.cpp).
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include "../vec/pvec.h"
+#include "quant_blocks.h"
+#include "quant_widen.h"
+
+PLUGSERVE_ISA_BEGIN
+namespace {
+
+using namespace vec;
+using quant::kBlock;
+
+template <QuantFormat Fmt, typename TO>
+void dequantize_rows(const QuantDequantizeArgs& a) {
+  TO* out = static_cast<TO*>(a.out);
+  // A few rows per task at least: a task is worth its scheduling.
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(a.K, 1));
+  at::parallel_for(0, a.rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      quant::widen_row<Fmt, TO>(a.w + r * a.w_row_bytes, a.K, out + r * a.K);
+  });
+}
+
+// One row of x: each 32-block rounded through int8 (as reference.quantize_activations_int8:
+// divide by the float32 scale, round half to even, multiply by the scale rounded to fp16),
+// then to bf16.
+template <typename T>
+void round_row_int8(const T* x, int64_t K, BF16* out) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const auto load32 = [&](int64_t k, __m512& lo, __m512& hi) {
+    if constexpr (std::is_same_v<T, float>) {
+      lo = _mm512_loadu_ps(x + k);
+      hi = _mm512_loadu_ps(x + k + 16);
+    } else {
+      const auto widen = [](const T* p) {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      };
+      lo = widen(x + k);
+      hi = widen(x + k + 16);
+    }
+  };
+  constexpr int kEven = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  // 16 blocks at a time: their max |x| first (independent reductions), then their scales in
+  // one vector, then the quants; no block waits on the one before.
+  for (int64_t b0 = 0; b0 < K / kBlock; b0 += 16) {
+    const int64_t nb = std::min<int64_t>(16, K / kBlock - b0);
+    alignas(64) float amax[16] = {};
+    for (int64_t j = 0; j < nb; ++j) {
+      __m512 lo, hi;
+      load32((b0 + j) * kBlock, lo, hi);
+      amax[j] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+    }
+    alignas(64) float scale[16], d[16], inv[16];
+    const __m512 s = _mm512_div_ps(_mm512_load_ps(amax), _mm512_set1_ps(127.0f));
+    _mm512_store_ps(scale, s);
+    _mm512_store_ps(d, _mm512_cvtph_ps(_mm512_cvtps_ph(s, kEven)));  // rounded to fp16
+    _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), s));
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t k0 = (b0 + j) * kBlock;
+      __m512 lo, hi;
+      load32(k0, lo, hi);
+      __m512 qlo = _mm512_setzero_ps(), qhi = _mm512_setzero_ps();
+      if (scale[j] > 0.0f) {
+        // round(x / scale) half to even, as the reference divides. x * (1 / scale) is
+        // within 2 ulp of the quotient (|x / scale| <= 127: 2 ulp <= 2^-16), so it rounds
+        // to the same integer unless it lies that close to a half; only then is the block
+        // divided.
+        const __m512 iv = _mm512_set1_ps(inv[j]);
+        const __m512 tlo = _mm512_mul_ps(lo, iv), thi = _mm512_mul_ps(hi, iv);
+        qlo = _mm512_roundscale_ps(tlo, kEven);
+        qhi = _mm512_roundscale_ps(thi, kEven);
+        const __m512 half = _mm512_set1_ps(0.5f), near = _mm512_set1_ps(1.0f / 16384);
+        const auto near_half = [&](__m512 t, __m512 q) {
+          const __m512 off =
+              _mm512_abs_ps(_mm512_sub_ps(_mm512_abs_ps(_mm512_sub_ps(t, q)), half));
+          return _mm512_cmp_ps_mask(off, near, _CMP_LT_OQ);
+        };
+        if ((near_half(tlo, qlo) | near_half(thi, qhi)) != 0) {
+          const __m512 sv = _mm512_set1_ps(scale[j]);
+          qlo = _mm512_roundscale_ps(_mm512_div_ps(lo, sv), kEven);
+          qhi = _mm512_roundscale_ps(_mm512_div_ps(hi, sv), kEven);
+        }
+      }
+      qlo = _mm512_mul_ps(qlo, _mm512_set1_ps(d[j]));
+      qhi = _mm512_mul_ps(qhi, _mm512_set1_ps(d[j]));
+#if defined(__AVX512BF16__)
+      _mm512_storeu_si512(out + k0, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(qhi, qlo)));
+#else
+      at::vec::convert_float_bfloat16(F(qlo), F(qhi)).store(out + k0);
+#endif
+    }
+  }
+  return;
+#endif
+  for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
+    float v[kBlock];
+    float amax = 0.0f;
+    for (int i = 0; i < kBlock; ++i) {
+      v[i] = to_float(x[k0 + i]);
+      amax = std::max(amax, std::abs(v[i]));
+    }
+    const float scale = amax / 127.0f;
+    const float d = round_to<Half>(scale);
+    for (int i = 0; i < kBlock; ++i) {
+      const float q = scale > 0.0f ? std::nearbyint(v[i] / scale) : 0.0f;
+      out[k0 + i] = from_float<BF16>(q * d);
+    }
+  }
+}
+
+template <typename T>
+void activations_typed(const QuantActivationsArgs& a) {
+  const T* x = static_cast<const T*>(a.x);
+  BF16* out = static_cast<BF16*>(a.out);
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(a.K, 1));
+  at::parallel_for(0, a.M, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      const T* row = x + m * a.x_stride;
+      if (a.int8) {
+        round_row_int8(row, a.K, out + m * a.K);
+      } else {
+#pragma omp simd
+        for (int64_t k = 0; k < a.K; ++k) out[m * a.K + k] = from_float<BF16>(to_float(row[k]));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void quant_dequantize(const QuantDequantizeArgs& a) {
+  quant::with_format(a.format, [&](auto fmt) {
+    constexpr QuantFormat Fmt = decltype(fmt)::value;
+    if (a.dtype == Dtype::f32) {
+      dequantize_rows<Fmt, float>(a);
+    } else {
+      TORCH_CHECK(a.dtype == Dtype::bf16, "quant_dequantize: float32 or bfloat16 output only");
+      dequantize_rows<Fmt, BF16>(a);
+    }
+  });
+}
+
+void quant_activations(const QuantActivationsArgs& a) {
+  TORCH_CHECK(!a.int8 || a.K % kBlock == 0, "quant_activations: ", a.K,
+              " columns is not a multiple of 32");
+  if (a.dtype == Dtype::f32) {
+    activations_typed<float>(a);
+  } else {
+    TORCH_CHECK(a.dtype == Dtype::bf16, "quant_activations: float32 or bfloat16 x only");
+    activations_typed<BF16>(a);
+  }
+}
+
+PLUGSERVE_ISA_END

@@ -1,0 +1,46 @@
+"""Flags one kernel source of one ISA copy opts into (`isa.OptIn`: the AMX kernel of the
+avx512_bf16 copy) reach that source only, and only where a probe compile shows the compiler
+takes them; a toolchain without them builds every copy without (the source's stub)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from plugserve.kernels import build
+from plugserve.kernels import compile as compile_mod
+from plugserve.kernels import isa as isa_mod
+
+BF16 = isa_mod.by_name("avx512_bf16")
+
+
+def _spec(isas: tuple[isa_mod.Isa, ...]) -> compile_mod.LibrarySpec:
+    return compile_mod.LibrarySpec(build.CSRC, isas, Path("/nonexistent"))
+
+
+def _flags(spec: compile_mod.LibrarySpec, source: str, isa: isa_mod.Isa) -> list[str]:
+    job = next(j for j in spec.jobs() if j.source.name == source and j.isa == isa)
+    return compile_mod.job_flags(spec, job)
+
+
+@pytest.mark.parametrize("accepted", [True, False])
+def test_the_amx_flags_reach_one_source_of_one_copy(monkeypatch: pytest.MonkeyPatch,
+                                                     accepted: bool) -> None:
+    monkeypatch.setattr(compile_mod, "compiler_accepts", lambda flags, probe: accepted)
+    isas = (isa_mod.by_name("avx512"), BF16)
+    spec = _spec(isas)
+    amx = _flags(spec, "quant_amx.cpp", BF16)
+    assert ("-mamx-tile" in amx and "-DPLUGSERVE_AMX" in amx) == accepted
+    for job in spec.jobs():
+        if job.isa is not None and (job.source.name, job.isa) != ("quant_amx.cpp", BF16):
+            flags = compile_mod.job_flags(spec, job)
+            assert "-mamx-tile" not in flags and "-DPLUGSERVE_AMX" not in flags
+
+
+@pytest.mark.skipif(shutil.which(compile_mod.compiler()) is None, reason="no C++ compiler")
+def test_the_probe_refuses_flags_the_compiler_does_not_take() -> None:
+    assert compile_mod.compiler_accepts((), "int f() { return 1; }\n")
+    assert not compile_mod.compiler_accepts(("-mno-such-instruction-set",),
+                                            "int f() { return 1; }\n")
