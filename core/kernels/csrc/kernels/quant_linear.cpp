@@ -197,6 +197,24 @@ void rows_int8(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t
 }
 
 #if defined(__AVX2__)
+// The int32 dot products of a block's 32 quants w (|w| in aw) with x's quants xv, 4 weights
+// per lane: VNNI's vpdpbusd, else vpmaddubsw + vpmaddwd, with x taking w's sign.
+inline __m256i block_dot(__m256i w, __m256i aw, __m256i xv) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xv, w));
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)),
+                           _mm256_set1_epi16(1));
+#endif
+}
+
+inline float hsum256(__m256 acc) {
+  __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  v = _mm_add_ss(v, _mm_movehdup_ps(v));
+  return _mm_cvtss_f32(v);
+}
+
 // The int8 path of the 32-block formats with the copies that have AVX2: each block is unpacked
 // in a register and multiplied at once (no trip through L1). MR: the rows of x when known at
 // compile time (1: the decode step), else 0 and M of them.
@@ -208,7 +226,6 @@ void rows_int8_small(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, i
   constexpr int64_t bytes = quant::block_bytes(Fmt);
   const char* stop = reinterpret_cast<const char*>(a.w + n_end * a.w_row_bytes);
   TO* out = static_cast<TO*>(a.out);
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t n = n_begin; n < n_end; ++n) {
     const uint8_t* row = a.w + n * a.w_row_bytes;
     __m256 acc[MR > 0 ? MR : kMaxRows];
@@ -228,13 +245,7 @@ void rows_int8_small(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, i
       for (int64_t m = 0; m < M; ++m) {
         const int64_t xm = (m0 + m) * K + j * kBlock;
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&xr.q[xm]));
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-        const __m256i dot =
-            _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xv, w));
-#else
-        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)),
-                                              ones);
-#endif
+        const __m256i dot = block_dot(w, aw, xv);
         acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
                                  _mm256_set1_ps(d * xr.lane_scale[xm / kLane]), acc[m]);
         if constexpr (quant::has_min(Fmt))
@@ -242,10 +253,7 @@ void rows_int8_small(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, i
       }
     }
     for (int64_t m = 0; m < M; ++m) {
-      __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
-      v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-      v = _mm_add_ss(v, _mm_movehdup_ps(v));
-      const float y = _mm_cvtss_f32(v) + mins[m] + (a.bias != nullptr ? a.bias[n] : 0.0f);
+      const float y = hsum256(acc[m]) + mins[m] + (a.bias != nullptr ? a.bias[n] : 0.0f);
       out[(m0 + m) * a.N + n] = from_float<TO>(y);
     }
   }
@@ -262,7 +270,6 @@ void rows_int8_one(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int
   constexpr int64_t bytes = quant::block_bytes(Fmt);
   const char* stop = reinterpret_cast<const char*>(a.w + n_end * a.w_row_bytes);
   TO* out = static_cast<TO*>(a.out);
-  const __m256i ones = _mm256_set1_epi16(1);
   const int8_t* xq = xr.q.data() + m0 * K;
   const float* x_lane = xr.lane_scale.data() + m0 * K / kLane;
   const float* x_sum = xr.block_sum.data() + m0 * blocks;
@@ -284,23 +291,14 @@ void rows_int8_one(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int
         if (ahead < stop) prefetch_l2(ahead);
         const __m256i w = quant::small_block_q<Fmt>(b);
         const __m256i aw = _mm256_sign_epi8(w, w);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-        const __m256i dot =
-            _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xv, w));
-#else
-        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)),
-                                              ones);
-#endif
+        const __m256i dot = block_dot(w, aw, xv);
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
                                  _mm256_set1_ps(quant::half_at(b) * xs), acc[r]);
         if constexpr (quant::has_min(Fmt)) mins[r] += quant::half_at(b + 2) * x_sum[j];
       }
     }
     for (int64_t r = 0; r < kRowsAtOnce; ++r) {
-      __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-      v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-      v = _mm_add_ss(v, _mm_movehdup_ps(v));
-      const float y = _mm_cvtss_f32(v) + mins[r] + (a.bias != nullptr ? a.bias[n + r] : 0.0f);
+      const float y = hsum256(acc[r]) + mins[r] + (a.bias != nullptr ? a.bias[n + r] : 0.0f);
       out[m0 * a.N + n + r] = from_float<TO>(y);
     }
   }
@@ -348,10 +346,7 @@ void rows_float_small(const QuantLinearArgs& a, const float* x32, int64_t m0, in
     for (int64_t m = 0; m < M; ++m) {
       const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc0[m], acc1[m]),
                                        _mm256_add_ps(acc2[m], acc3[m]));
-      __m128 v = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-      v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-      v = _mm_add_ss(v, _mm_movehdup_ps(v));
-      const float y = _mm_cvtss_f32(v) + (a.bias != nullptr ? a.bias[n] : 0.0f);
+      const float y = hsum256(sum) + (a.bias != nullptr ? a.bias[n] : 0.0f);
       out[(m0 + m) * a.N + n] = from_float<TO>(y);
     }
   }
