@@ -18,6 +18,7 @@ Progress goes to `status` (`plugserve.kernels.status`): what is compiled, for wh
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -96,7 +97,9 @@ def job_flags(spec: LibrarySpec, job: Job) -> list[str]:
         flags += [*job.isa.flags, *job.isa.macros]
         for opt in job.isa.opt_ins:
             extra = (*job.isa.flags, *opt.flags)
-            if opt.source == job.source.name and compiler_accepts(extra, opt.probe):
+            if opt.source == job.source.name and compiler_accepts(
+                extra, opt.probe, spec.cache_root / "probes"
+            ):
                 flags += [*opt.flags, f"-D{opt.macro}"]
     return flags
 
@@ -104,20 +107,41 @@ def job_flags(spec: LibrarySpec, job: Job) -> list[str]:
 _accepts: dict[tuple[str, tuple[str, ...], str], bool] = {}
 
 
-def compiler_accepts(flags: tuple[str, ...], probe: str) -> bool:
-    """Whether the compiler (and assembler) build `probe` with `flags`: asked once per process
-    (an older toolchain without an instruction set's flags still builds the rest)."""
+def compiler_accepts(flags: tuple[str, ...], probe: str, cache_dir: Path | None = None) -> bool:
+    """Whether the compiler (and assembler) build `probe` with `flags` (an older toolchain
+    without an instruction set's flags still builds the rest). Asked once per process; with
+    `cache_dir` the answer is also kept there, keyed by the compiler's identity, the flags
+    and the probe, so later starts do not compile the probe again (~0.2 s each)."""
     key = (compiler(), flags, probe)
-    if key not in _accepts:
-        with tempfile.TemporaryDirectory() as tmp:
-            source = Path(tmp) / "probe.cpp"
-            source.write_text(probe)
-            cmd = [compiler(), *flags, "-c", str(source), "-o", str(Path(tmp) / "probe.o")]
-            try:
-                out = subprocess.run(cmd, capture_output=True, timeout=60, check=False)
-                _accepts[key] = out.returncode == 0
-            except (OSError, subprocess.TimeoutExpired):
-                _accepts[key] = False
+    if key in _accepts:
+        return _accepts[key]
+    answer_file: Path | None = None
+    if cache_dir is not None:
+        digest = hashlib.sha256("\0".join((_compiler_identity(), *key[:1], *flags, probe))
+                                .encode()).hexdigest()[:24]
+        answer_file = cache_dir / f"{digest}.accepts"
+        try:
+            _accepts[key] = answer_file.read_text().strip() == "yes"
+            return _accepts[key]
+        except OSError:
+            pass
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "probe.cpp"
+        source.write_text(probe)
+        cmd = [compiler(), *flags, "-c", str(source), "-o", str(Path(tmp) / "probe.o")]
+        try:
+            out = subprocess.run(cmd, capture_output=True, timeout=60, check=False)
+            _accepts[key] = out.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _accepts[key] = False
+    if answer_file is not None:
+        try:  # written whole or not at all: a killed start leaves no half answer
+            answer_file.parent.mkdir(parents=True, exist_ok=True)
+            partial = answer_file.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text("yes\n" if _accepts[key] else "no\n")
+            partial.replace(answer_file)
+        except OSError:
+            pass
     return _accepts[key]
 
 
@@ -131,12 +155,18 @@ def _link_flags() -> list[str]:
 
 
 def _compiler_identity() -> str:
+    return _identity_of(compiler())
+
+
+@functools.cache
+def _identity_of(cxx: str) -> str:
+    """The first line of `cxx --version` (asked once per process and compiler)."""
     try:
-        out = subprocess.run([compiler(), "--version"], capture_output=True, text=True,
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True,
                              timeout=30, check=False)
-        return out.stdout.splitlines()[0] if out.stdout else compiler()
+        return out.stdout.splitlines()[0] if out.stdout else cxx
     except (OSError, subprocess.TimeoutExpired):
-        return compiler()
+        return cxx
 
 
 def _headers_digest(csrc: Path) -> str:

@@ -28,7 +28,7 @@ def _flags(spec: compile_mod.LibrarySpec, source: str, isa: isa_mod.Isa) -> list
 @pytest.mark.parametrize("accepted", [True, False])
 def test_the_amx_flags_reach_one_source_of_one_copy(monkeypatch: pytest.MonkeyPatch,
                                                      accepted: bool) -> None:
-    monkeypatch.setattr(compile_mod, "compiler_accepts", lambda flags, probe: accepted)
+    monkeypatch.setattr(compile_mod, "compiler_accepts", lambda flags, probe, cache_dir=None: accepted)
     isas = (isa_mod.by_name("avx512"), BF16)
     spec = _spec(isas)
     amx = _flags(spec, "quant_amx.cpp", BF16)
@@ -44,3 +44,26 @@ def test_the_probe_refuses_flags_the_compiler_does_not_take() -> None:
     assert compile_mod.compiler_accepts((), "int f() { return 1; }\n")
     assert not compile_mod.compiler_accepts(("-mno-such-instruction-set",),
                                             "int f() { return 1; }\n")
+
+
+@pytest.mark.skipif(shutil.which(compile_mod.compiler()) is None, reason="no C++ compiler")
+def test_the_probe_answer_is_kept_for_later_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probe = "int g() { return 2; }\n"
+    flags = ("-O1",)
+    assert compile_mod.compiler_accepts(flags, probe, tmp_path)
+    assert [f.read_text() for f in tmp_path.glob("*.accepts")] == ["yes\n"]
+    # A later start: nothing in this process's memory, and no compiler to run (the
+    # compiler's identity is asked once per process, already done).
+    monkeypatch.setattr(compile_mod, "_accepts", {})
+
+    def no_compile(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the probe was compiled again")
+
+    monkeypatch.setattr(compile_mod.subprocess, "run", no_compile)
+    assert compile_mod.compiler_accepts(flags, probe, tmp_path)
+    # Another answer in the file is what a later start believes.
+    next(tmp_path.glob("*.accepts")).write_text("no\n")
+    monkeypatch.setattr(compile_mod, "_accepts", {})
+    assert not compile_mod.compiler_accepts(flags, probe, tmp_path)
