@@ -13,7 +13,8 @@ bf16 or fp8, widened as it is read). Causal extend (no tree mask; a cached prefi
 and a sliding window are fine) runs `plugserve.kernels.prefill_attention`, a flash-attention
 loop that skips the masked keys, 1.8x (fp32) to 3x (bf16) faster than SDPA's at 1,024
 tokens on a Zen 4; in bf16 on a CPU with AMX, SDPA (whose flash attention multiplies on the
-AMX tiles) is the faster one and runs instead (`prefill_attention.sdpa_is_faster`). Where the kernels cannot be built (no compiler, no AVX-512 for the prefill one,
+AMX tiles) is the faster one and runs instead (`prefill_attention.sdpa_is_faster`). Where the
+kernels cannot be built (no compiler, no AVX-512 for the prefill one,
 `PLUGSERVE_CPU_KERNELS=0`) both use `scaled_dot_product_attention`.
 """
 
