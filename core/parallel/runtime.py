@@ -97,6 +97,9 @@ class TensorParallel:
         self.channel = CommandChannel(self.command_group, self.rank, config.tp_timeout_s)
         self.device = rank_device(config, place)
         self._closed = False
+        # Why a failed step ended this engine when another rank was to blame (`fail`), kept
+        # for `problem` where the watch did not see the rank go (a stopped, not dead, rank).
+        self._failed_problem: str | None = None
         self.memory_per_rank: list[RankMemory] = []
 
     # --- start-up ---------------------------------------------------------------------------
@@ -208,7 +211,8 @@ class TensorParallel:
 
     def problem(self) -> str | None:
         """Why this engine cannot serve any more because of another rank (None: all up)."""
-        return None if self.watch is None else self.watch.problem
+        seen = None if self.watch is None else self.watch.problem
+        return seen or self._failed_problem
 
     # --- stopping ---------------------------------------------------------------------------
     def fail(self, exc: BaseException) -> BaseException:
@@ -219,11 +223,13 @@ class TensorParallel:
             problem = self.watch.wait_for_failure(timeout_s=5.0)
         if isinstance(exc, CollectiveError) and problem is None:
             others = [r for r in range(self.world_size) if r != self.rank]
-            problem = (f"tensor-parallel rank(s) {', '.join(map(str, others))} did not answer "
+            which = "rank" if len(others) == 1 else "ranks"
+            problem = (f"tensor-parallel {which} {', '.join(map(str, others))} did not answer "
                        f"(dead, or stuck past tp_timeout_s={self.config.tp_timeout_s:g} s)")
         self.close(abandon=True)
         if problem is None:
             return exc
+        self._failed_problem = problem
         error = TensorParallelError(f"{problem}; the engine stopped ({exc})")
         error.__cause__ = exc
         return error

@@ -206,13 +206,16 @@ def _serve_pipe(conn: Any, loop: WorkerLoop, outbox: Outbox) -> None:
     stopping = False
     rank_problem: str | None = None
     while True:
-        thread = loop._thread
-        if thread is None or not thread.is_alive():
-            return
-        problem = loop.engine.rank_problem()  # a TP rank died, also while the engine idles
+        # A TP rank died, also while the engine idles. Asked before the engine thread's end
+        # is seen: a step that failed because a rank died ends the thread, and the HTTP side
+        # must still learn which rank (a failure alone reaches /health as its type).
+        problem = loop.engine.rank_problem()
         if problem != rank_problem:
             rank_problem = problem
             outbox.send(("step", [], [], {**loop.state(), "rank_problem": problem}))
+        thread = loop._thread
+        if thread is None or not thread.is_alive():
+            return
         try:
             if not conn.poll(POLL_S):
                 continue

@@ -77,7 +77,10 @@ class TestRankFailures(EngineTest):
                         os.kill(child, signal.SIGSTOP)
                         stopped_at = time.monotonic()
             assert stopped_at and time.monotonic() - stopped_at < 5 + 30
-            assert "rank(s) 1 did not answer" in str(caught.value)
+            assert "tensor-parallel rank 1 did not answer" in str(caught.value)
+            # and the engine keeps saying which rank (what /health reports)
+            problem = engine.rank_problem()
+            assert problem is not None and "rank 1" in problem
             assert "tp_timeout_s=5" in str(caught.value)
         finally:
             engine.close()
