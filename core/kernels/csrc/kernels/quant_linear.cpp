@@ -155,6 +155,20 @@ inline void widen_chunk(const Chunk& c, int64_t len, float* __restrict wf) {
   }
 }
 
+// The chunk of `len` weights at k0 of `row` decoded into c, the blocks kPrefetchBytes
+// ahead of it asked into L2 (not past `stop`, the end of the thread's rows).
+template <QuantFormat Fmt>
+inline void decode_chunk_prefetched(const uint8_t* row, int64_t k0, int64_t len,
+                                    const char* stop, Chunk& c) {
+  const uint8_t* bytes = row + k0 / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
+  const int64_t nbytes = len / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
+  for (int64_t off = 0; off < nbytes; off += 64) {
+    const char* ahead = reinterpret_cast<const char*>(bytes + off) + kPrefetchBytes;
+    if (ahead < stop) prefetch_l2(ahead);
+  }
+  quant::decode_chunk<Fmt>(row, k0, len, c);
+}
+
 // One thread's rows [n_begin, n_end) of the output, for M <= kMaxRows rows of x.
 template <QuantFormat Fmt, typename TO>
 void rows_int8(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t M,
@@ -173,13 +187,7 @@ void rows_int8(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t
     }
     for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
       const int64_t len = std::min(kChunk, K - k0);
-      const uint8_t* bytes = row + k0 / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
-      const int64_t nbytes = len / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
-      for (int64_t off = 0; off < nbytes; off += 64) {
-        const char* ahead = reinterpret_cast<const char*>(bytes + off) + kPrefetchBytes;
-        if (ahead < stop) prefetch_l2(ahead);
-      }
-      quant::decode_chunk<Fmt>(row, k0, len, c);
+      decode_chunk_prefetched<Fmt>(row, k0, len, stop, c);
       for (int64_t m = 0; m < M; ++m) {
         const int64_t xm = (m0 + m) * K + k0;
         dot_int8(c.q, xr.q.data() + xm, c.g16, xr.lane_scale.data() + xm / kLane, len, acc[m]);
@@ -367,13 +375,7 @@ void rows_float(const QuantLinearArgs& a, const float* x32, int64_t m0, int64_t 
     for (int64_t m = 0; m < M; ++m) std::fill_n(acc[m], kWidth, 0.0f);
     for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
       const int64_t len = std::min(kChunk, K - k0);
-      const uint8_t* bytes = row + k0 / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
-      const int64_t nbytes = len / quant::block_elems(Fmt) * quant::block_bytes(Fmt);
-      for (int64_t off = 0; off < nbytes; off += 64) {
-        const char* ahead = reinterpret_cast<const char*>(bytes + off) + kPrefetchBytes;
-        if (ahead < stop) prefetch_l2(ahead);
-      }
-      quant::decode_chunk<Fmt>(row, k0, len, c);
+      decode_chunk_prefetched<Fmt>(row, k0, len, stop, c);
       widen_chunk(c, len, wf);
       for (int64_t m = 0; m < M; ++m) dot_float(x32 + (m0 + m) * K + k0, wf, len, acc[m]);
     }
