@@ -28,7 +28,7 @@ from typing import Any
 
 from plugserve.sampling import SamplingParams
 from plugserve.server.engine_loop import NotServing, Overloaded
-from plugserve.server.jobs import Event, Job, RequestHandle, deliver
+from plugserve.server.jobs import Event, Job, RequestHandle, post_all
 
 log = logging.getLogger("plugserve.server")
 START_TIMEOUT_S = 1800.0  # the first start compiles the CPU kernels
@@ -259,7 +259,7 @@ class EngineProcess:
                 handle = self._handles.get(key)
                 if handle is not None:
                     self.metrics.request_finished(handle, _finished_req(figures))
-        deliveries: dict[asyncio.AbstractEventLoop, list[tuple[Any, Event]]] = {}
+        posts: list[tuple[RequestHandle, Event]] = []
         with self._lock:
             for key, event in events:
                 handle = self._handles.get(key)
@@ -269,14 +269,9 @@ class EngineProcess:
                     self._unadmitted.discard(key)
                 if event.kind == "final":
                     del self._handles[key]
-                event.index = handle.index
-                deliveries.setdefault(handle.job.loop, []).append((handle.job.queue, event))
+                posts.append((handle, event))
         self._apply_state(state)
-        for loop, items in deliveries.items():  # one wake-up of the event loop per step
-            try:
-                loop.call_soon_threadsafe(deliver, items)
-            except RuntimeError:  # that event loop closed: nobody listens
-                pass
+        post_all(posts)  # one wake-up of each event loop per step
 
     def _apply_state(self, state: dict[str, Any]) -> None:
         with self._lock:
