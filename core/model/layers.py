@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plugserve.kernels import fused_elementwise as fused
+from plugserve.kernels import panel_gemm as panel
 from plugserve.kernels import skinny_linear as skinny
 from plugserve.kernels import widening_gemm as widening
 from plugserve.kernels.packed_linear import packed, upcasts_matmul
@@ -68,7 +69,9 @@ def _dense_linear(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x @ weight.T (+ bias), returned in `out_dtype` (default x's dtype). For a few rows the
-    streaming kernel (`plugserve.kernels.skinny_linear`: float32 and bf16); for more, a weight
+    streaming kernel (`plugserve.kernels.skinny_linear`: float32 and bf16); for a few dozen
+    float32 rows the kernel that streams the weight while it multiplies
+    (`plugserve.kernels.panel_gemm`); for more, a weight
     packed once for the CPU's GEMM library where it multiplies the dtype natively
     (`plugserve.kernels.packed_linear`), or the kernel that reads half-precision weights as
     they are where it does not (`plugserve.kernels.widening_gemm`)."""
@@ -81,6 +84,8 @@ def _dense_linear(
         out = F.linear(x, weight, bias)
     elif skinny.applies(x, weight):
         out = skinny.skinny_linear(x, weight, bias)
+    elif panel.applies(x, weight):
+        out = panel.panel_gemm(x, weight, bias)
     elif widening.applies(x, weight):
         out = widening.widening_gemm(x, weight, bias)
     else:

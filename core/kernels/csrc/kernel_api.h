@@ -51,6 +51,18 @@ struct SkinnyLinearArgs {
   Dtype dtype;
 };
 
+// The same product in float32 for a few dozen rows, the weight packed once into panels of
+// panel_gemm_width() output columns: packed [panels][K][width], zero past N (the op packs it:
+// plugserve.kernels.panel_gemm). Rows of x are x_stride apart; out is contiguous [M, N].
+struct PanelGemmArgs {
+  const float* x;
+  int64_t x_stride;
+  const float* packed;
+  const float* bias;  // nullptr: none
+  float* out;
+  int64_t M, K, N;
+};
+
 // The same product for more rows with bf16 (or f16) weights on a CPU without native half
 // dot products: each thread widens a block of the weight to float32 in its cache and runs a
 // float32 register-tiled GEMM over it, so the weight is read once, in its own dtype. x and
@@ -235,6 +247,8 @@ struct QuantGemmArgs {
 #define PLUGSERVE_KERNELS(X)                                   \
   X(void, skinny_linear, (const SkinnyLinearArgs& args))       \
   X(void, widening_gemm, (const WideningGemmArgs& args))       \
+  X(void, panel_gemm, (const PanelGemmArgs& args))             \
+  X(int64_t, panel_gemm_width, ())                             \
   X(void, paged_decode, (const PagedDecodeArgs& args))         \
   X(void, prefill_attention, (const PrefillArgs& args))        \
   X(void, rms_norm, (const NormArgs& args))                    \

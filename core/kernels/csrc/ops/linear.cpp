@@ -1,6 +1,9 @@
 // Linear ops: the few-row streaming linear (kernels/skinny_linear.cpp) and the GEMM that
 // reads bf16 / fp16 weights as they are stored on CPUs without native half dot products
-// (kernels/widening_gemm.cpp).
+// (kernels/widening_gemm.cpp), and the float32 panel GEMM for a few dozen rows
+// (kernels/panel_gemm.cpp) with the packing of its weight.
+#include <ATen/ops/zeros.h>
+
 #include "common.h"
 
 namespace plugserve::ops {
@@ -67,6 +70,55 @@ at::Tensor widening_gemm(at::Tensor x, at::Tensor w, std::optional<at::Tensor> b
   return out;
 }
 
+// w [N, K] float32 as the panel GEMM of the ISA in use reads it: [panels][K][width], the
+// columns past N zero.
+at::Tensor panel_gemm_pack(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.device().is_cpu(),
+              "panel_gemm_pack: a 2-d float32 CPU weight is needed, got ", w.sizes(), " ",
+              w.scalar_type(), " on ", w.device());
+  const int64_t width = kernels().panel_gemm_width();
+  const int64_t N = w.size(0), K = w.size(1), panels = (N + width - 1) / width;
+  auto padded = at::zeros({panels * width, K}, w.options());
+  padded.narrow(0, 0, N).copy_(w);
+  return padded.view({panels, width, K}).transpose(1, 2).contiguous();
+}
+
+int64_t panel_gemm_width() { return kernels().panel_gemm_width(); }
+
+// x [M, K] float32 @ the weight packed by panel_gemm_pack (N columns) + bias -> [M, N].
+at::Tensor panel_gemm(at::Tensor x, const at::Tensor& packed, int64_t N,
+                      std::optional<at::Tensor> bias) {
+  const int64_t width = kernels().panel_gemm_width();
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+              "panel_gemm: x must be a 2-d float32 CPU tensor, got ", x.sizes(), " ",
+              x.scalar_type());
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kFloat &&
+                  packed.is_contiguous() && packed.size(2) == width &&
+                  packed.size(1) == x.size(1) && packed.size(0) * width >= N &&
+                  (packed.size(0) - 1) * width < N,
+              "panel_gemm: the packed weight ", packed.sizes(), " does not fit x ", x.sizes(),
+              " and N = ", N, " (pack it with panel_gemm_pack in this process)");
+  if (x.size(1) > 0 && x.stride(1) != 1) x = x.contiguous();
+  const auto bias32 = bias_as_float(bias, N, "panel_gemm");
+  auto out = at::empty({x.size(0), N}, x.options());
+  if (x.size(0) == 0 || N == 0) return out;
+  if (x.size(1) == 0) {  // an empty sum: the bias alone
+    out.zero_();
+    return bias32.defined() ? out.add_(bias32) : out;
+  }
+  PanelGemmArgs a{};
+  a.x = x.data_ptr<float>();
+  a.x_stride = x.stride(0);
+  a.packed = packed.data_ptr<float>();
+  a.bias = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
+  a.out = out.data_ptr<float>();
+  a.M = x.size(0);
+  a.K = x.size(1);
+  a.N = N;
+  kernels().panel_gemm(a);
+  return out;
+}
+
 }  // namespace
 }  // namespace plugserve::ops
 
@@ -75,4 +127,8 @@ TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
         &plugserve::ops::skinny_linear);
   m.def("widening_gemm(Tensor x, Tensor w, Tensor? bias) -> Tensor",
         &plugserve::ops::widening_gemm);
+  m.def("panel_gemm_width() -> int", &plugserve::ops::panel_gemm_width);
+  m.def("panel_gemm_pack(Tensor w) -> Tensor", &plugserve::ops::panel_gemm_pack);
+  m.def("panel_gemm(Tensor x, Tensor packed, int N, Tensor? bias) -> Tensor",
+        &plugserve::ops::panel_gemm);
 }

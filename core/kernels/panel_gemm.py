@@ -1,0 +1,66 @@
+"""The float32 linear for a few dozen rows: the weight streamed once while the FMAs run.
+
+A decode step over a batch multiplies 9..128 rows by every weight matrix: 2 x rows FLOPs per
+weight element read, so the weight stream and the arithmetic take comparable time, and
+oneDNN's packed matmul does one after the other. `csrc/kernels/panel_gemm.cpp` packs the
+weight once into panels of output columns and fetches the next panel into L2 while the
+register tiles multiply the current one by every row, on every ISA the kernels are built
+for. Measured with the default model's four matrices per layer, 30 layers' weights cycled
+as in an engine step (`python benchmarks/panel_gemm_speed.py`), 2 threads of a Xeon
+(avx512): see `MIN_ROWS` / `MAX_ROWS`.
+
+The pack is made once per weight (and again if the weight is written in place), kept while
+the weight lives, and is a second float32 copy of it (as oneDNN's pack is). The reference
+is `F.linear` in float64 (tests/kernels/test_panel_gemm.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from plugserve.kernels import build
+from plugserve.kernels.packed_linear import Derived, per_weight
+
+# Rows it takes: from where the few-row kernel stops to where oneDNN's packed matmul catches
+# up (benchmarks/panel_gemm_speed.py, float32, weights cold, 2 Xeon threads, avx512_bf16
+# copy): per layer of the default model 753 us against oneDNN's 907 at 9 rows (the few-row
+# kernel: 709), 849 / 1,044 at 16, 1,609 / 2,098 at 64, 2,830 / 3,150 at 128, 4,783 / 5,370
+# at 256; 7,184 / 7,561 at 384, 9,401 / 9,289 at 512 and 19,638 / 18,615 at 1,024.
+MIN_ROWS = 9
+MAX_ROWS = 256
+
+_packs: dict[int, Derived] = {}
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when `panel_gemm(x, weight, ...)` is the faster way here."""
+    if x.ndim != 2 or x.dtype != torch.float32 or weight.dtype != torch.float32:
+        return False
+    if not x.is_cpu or not weight.is_cpu or weight.ndim != 2:
+        return False
+    return MIN_ROWS <= x.shape[0] <= MAX_ROWS and build.library() is not None
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [N, K] in the panel layout of the kernels' ISA in use (made once per weight
+    and version, and again if the ISA in use changes: its panels have another width)."""
+    ops = build.ops()
+
+    def make(w: torch.Tensor) -> torch.Tensor:
+        return ops.panel_gemm_pack(w.detach().contiguous())
+
+    packed = per_weight(_packs, weight, make)
+    assert isinstance(packed, torch.Tensor)
+    if packed.shape[2] != ops.panel_gemm_width():
+        _packs.pop(id(weight), None)
+        packed = per_weight(_packs, weight, make)
+        assert isinstance(packed, torch.Tensor)
+    return packed
+
+
+def panel_gemm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [rows, in] @ weight [out, in].T (+ bias) -> [rows, out], float32."""
+    out: torch.Tensor = build.ops().panel_gemm(x, pack(weight), weight.shape[0], bias)
+    return out
