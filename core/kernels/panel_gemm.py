@@ -16,18 +16,24 @@ is `F.linear` in float64 (tests/kernels/test_panel_gemm.py).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from plugserve.kernels import build
 from plugserve.kernels.packed_linear import Derived, per_weight
 
 # Rows it takes: from where the few-row kernel stops to where oneDNN's packed matmul catches
-# up (benchmarks/panel_gemm_speed.py, float32, weights cold, 2 Xeon threads, avx512_bf16
-# copy): per layer of the default model 753 us against oneDNN's 907 at 9 rows (the few-row
-# kernel: 709), 849 / 1,044 at 16, 1,609 / 2,098 at 64, 2,830 / 3,150 at 128, 4,783 / 5,370
-# at 256; 7,184 / 7,561 at 384, 9,401 / 9,289 at 512 and 19,638 / 18,615 at 1,024.
+# up (benchmarks/panel_gemm_speed.py, float32, weights cold, 2 Xeon threads). avx512_bf16
+# copy (48-column panels): per layer of the default model 753 us against oneDNN's 907 at 9
+# rows (the few-row kernel: 709), 849 / 1,044 at 16, 1,609 / 2,098 at 64, 2,830 / 3,150 at
+# 128, 4,783 / 5,370 at 256; 7,184 / 7,561 at 384, 9,401 / 9,289 at 512 and 19,638 / 18,615
+# at 1,024. avx2 copy against oneDNN held to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`, 24-column
+# panels): 809 / 1,339 at 9, 2,609 / 3,031 at 64, 4,512 / 4,773 at 128, 8,724 / 8,348 at 256.
 MIN_ROWS = 9
-MAX_ROWS = 256
+MAX_ROWS = 256  # 48-column panels (AVX-512)
+MAX_ROWS_NARROW = 128  # narrower panels (AVX2, the scalar copy)
+WIDE_PANEL = 48
 
 _packs: dict[int, Derived] = {}
 
@@ -38,7 +44,19 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False
     if not x.is_cpu or not weight.is_cpu or weight.ndim != 2:
         return False
-    return MIN_ROWS <= x.shape[0] <= MAX_ROWS and build.library() is not None
+    rows = x.shape[0]
+    if rows < MIN_ROWS or rows > MAX_ROWS:
+        return False
+    library = build.library()
+    if library is None:
+        return False
+    return rows <= MAX_ROWS_NARROW or _panel_width(library.isa()) >= WIDE_PANEL
+
+
+@functools.cache
+def _panel_width(isa: str) -> int:
+    """Output columns per panel in the kernels' copy for `isa`."""
+    return int(build.ops().panel_gemm_width())
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

@@ -71,8 +71,9 @@ def test_a_pack_of_another_width_is_refused() -> None:
         build.ops().panel_gemm(x, wrong, 50, None)
 
 
-@pytest.mark.parametrize("rows", [pg.MIN_ROWS, 40, pg.MAX_ROWS])
-def test_engine_linear_takes_it(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def _taken(rows: int, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether the engine's linear runs `rows` float32 rows through the panel GEMM (and
+    gets F.linear's result either way)."""
     x, w, b = _case(rows, 96, 200, True, seed=rows)
     calls: list[int] = []
     real = pg.panel_gemm
@@ -84,9 +85,19 @@ def test_engine_linear_takes_it(rows: int, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(pg, "panel_gemm", counted)
     with torch.inference_mode():
         out = linear(x, w, b)
-    assert calls == [rows]
     ref = F.linear(x.double(), w.double(), b.double())
-    torch.testing.assert_close(out.double(), ref, atol=_tolerance(x, w), rtol=0)
+    torch.testing.assert_close(out.double(), ref, atol=_tolerance(x, w), rtol=1e-6)
+    return calls == [rows]
+
+
+@pytest.mark.parametrize("rows", [pg.MIN_ROWS, 40, pg.MAX_ROWS_NARROW])
+def test_engine_linear_takes_it(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _taken(rows, monkeypatch)
+
+
+def test_more_rows_only_with_wide_panels(monkeypatch: pytest.MonkeyPatch) -> None:
+    wide = build.ops().panel_gemm_width() >= pg.WIDE_PANEL
+    assert _taken(pg.MAX_ROWS, monkeypatch) == wide
 
 
 @pytest.mark.parametrize("rows", [pg.MIN_ROWS - 1, pg.MAX_ROWS + 1])

@@ -15,7 +15,8 @@
 //                        load_n reads n < kWidth of them and zeros the rest
 //   store / store_n      float32 lanes rounded to the element type (round to nearest even)
 //   exp, exp2            e^x / 2^x over the float range, within a few ulp (no libm calls)
-//   prefetch_l1 / _l2    software prefetch (a no-op where the compiler has none)
+//   prefetch_l1 / _l2    software prefetch (a no-op where the compiler has none);
+//   prefetch_far         the same with the lowest locality hint (x86: prefetcht2)
 //   to_float, from_float scalar conversions that vectorise in plain loops
 //   kBf16Dot             true in the avx512_bf16 copy: kernels may use vdpbf16ps there
 // ISA-specific fast paths go inside `#if defined(__AVX512BF16__)` (etc.) blocks next to the
@@ -173,6 +174,7 @@ inline float hmax(F v) {
 // ---- prefetch ---------------------------------------------------------------------------
 inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 inline void prefetch_l1(const void* p) { __builtin_prefetch(p, 0, 3); }
+inline void prefetch_far(const void* p) { __builtin_prefetch(p, 0, 1); }
 
 // ---- exp --------------------------------------------------------------------------------
 // 2^k as float for integer-valued k in [-126, 127] (a float built from its exponent bits).
