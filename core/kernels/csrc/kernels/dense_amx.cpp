@@ -29,8 +29,8 @@ using amx::kTileElems;
 using amx::kTileK;
 
 // How far ahead of the strip being multiplied its thread prefetches, in strips (one strip is
-// 64 * K bytes: 36 KiB at K = 576, 96 KiB at K = 1536).
-constexpr int64_t kPrefetchStrips = 2;
+// 64 * K bytes: 36 KiB at K = 576, 96 KiB at K = 1536; measured: 1, 2 and 4 even).
+constexpr int64_t kPrefetchStrips = 1;
 constexpr int64_t kLine = 64;
 
 void dense_gemm(const DenseAmxArgs& a) {
@@ -39,7 +39,8 @@ void dense_gemm(const DenseAmxArgs& a) {
   const int64_t strip_bytes = kStrip * a.K * 2, strip_lines = strip_bytes / kLine;
   const int64_t strips = (a.N + kStrip - 1) / kStrip;
   // The strip kPrefetchStrips on is requested into L2 a slice per product step (32-row block
-  // of x and column tile), so the memory stays busy all through the strip's products.
+  // of x and column tile), so the memory stays busy all through the strip's products, not
+  // only while its first block of rows runs.
   const int64_t kbs = a.K / kTileK, steps = (a.M + 31) / 32 * kbs;
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
     amx::configure_tiles();
@@ -54,7 +55,7 @@ void dense_gemm(const DenseAmxArgs& a) {
       const int64_t n0 = s * kStrip, n_count = std::min(kStrip, a.N - n0);
       amx::multiply_strip<BF16>(a, strip, x_tail.data(), n0, n_count,
                                 [&](int64_t block, int64_t kb) {
-        if (next >= run_end) return;
+        if (next >= run_end) return;  // past this thread's run: the other thread reads it
         const int64_t step = block * kbs + kb;
         const int64_t from = step * strip_lines / steps, to = (step + 1) * strip_lines / steps;
         for (int64_t line = from; line < to; ++line) prefetch_l2(next + line * kLine);
