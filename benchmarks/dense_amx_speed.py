@@ -58,9 +58,11 @@ def main() -> None:
             return best_seconds(fn, args.repeats) / LAYERS * 1e6
 
         with torch.inference_mode():
-            base = per_layer_us(lambda: [p(x, None) for x, p in zip(inputs, onednn, strict=True)])
-            amx = per_layer_us(lambda: [dense_amx.dense_amx_linear(x, w, None)
-                                        for x, w in zip(inputs, weights, strict=True)])
+            base = per_layer_us(lambda inputs=inputs: [
+                p(x, None) for x, p in zip(inputs, onednn, strict=True)])
+            amx = per_layer_us(lambda inputs=inputs: [
+                dense_amx.dense_amx_linear(x, w, None)
+                for x, w in zip(inputs, weights, strict=True)])
         print(f"rows {rows:3d}: oneDNN {base:6.0f} us ({layer_bytes / base / 1e3:4.1f} GB/s), "
               f"AMX kernel {amx:6.0f} us ({layer_bytes / amx / 1e3:4.1f} GB/s), "
               f"oneDNN / kernel {base / amx:.2f}", flush=True)

@@ -15,8 +15,9 @@ can run. On x86-64 the ladder is
 
 and on 64-bit Arm `neon` (baseline) and `sve256` (SVE with 256-bit vectors, e.g. Graviton 3).
 A copy may compile some of its sources with more flags (`OptIn`: the avx512_bf16 copy's AMX
-kernels, `csrc/kernels/quant_amx.cpp` and `dense_amx.cpp`) where the compiler takes them; the source then sees
-the opt-in's macro and checks the CPU at run time itself (elsewhere it compiles a stub).
+kernels, `csrc/kernels/quant_amx.cpp` and `dense_amx.cpp`) where the compiler takes them;
+the source then sees the opt-in's macro and checks the CPU at run time itself (elsewhere it
+compiles a stub).
 `ladder()` lists the ones this machine can run, lowest first; only those are compiled
 (a machine with fewer features builds its own copy, under another cache key).
 """

@@ -11,9 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from plugserve.kernels import build
+from plugserve.kernels import build, dense_amx
 from plugserve.kernels import compile as compile_mod
-from plugserve.kernels import dense_amx
 from plugserve.kernels import isa as isa_mod
 from plugserve.kernels.packed_linear import packed as onednn_packed
 from plugserve.model.layers import linear
@@ -84,9 +83,15 @@ def test_the_model_linear_takes_amx_where_it_runs_and_onednn_elsewhere() -> None
 
 
 def test_switched_off_or_out_of_range_keeps_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
-    x, w, b = _inputs(dense_amx.MIN_ROWS, 64, 64, False, seed=4)
+    # Switched off (PLUGSERVE_DENSE_AMX=0), the model's linear is oneDNN's pack again, as on
+    # a CPU without AMX.
+    x, w, b = _inputs(dense_amx.MIN_ROWS, 64, 64, True, seed=4)
     monkeypatch.setattr(dense_amx, "_ENABLED", False)
     assert not dense_amx.applies(x, w)
+    pack = onednn_packed(w)
+    if pack is not None:
+        with torch.inference_mode():
+            assert torch.equal(linear(x, w, b), pack(x, b))
     monkeypatch.setattr(dense_amx, "_ENABLED", True)
     few, many = x[: dense_amx.MIN_ROWS - 1], x.repeat(dense_amx.MAX_ROWS, 1)
     assert not dense_amx.applies(few, w) and not dense_amx.applies(many, w)

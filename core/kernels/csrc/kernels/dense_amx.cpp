@@ -29,7 +29,8 @@ using amx::kTileElems;
 using amx::kTileK;
 
 // How far ahead of the strip being multiplied its thread prefetches, in strips (one strip is
-// 64 * K bytes: 36 KiB at K = 576, 96 KiB at K = 1536; measured: 1, 2 and 4 even).
+// 64 * K bytes: 36 KiB at K = 576, 96 KiB at K = 1536). Measured: 1, 2, 3 and 4 even; the
+// prefetch gains 2-4% at 64-96 rows over the hardware prefetcher alone, nothing at fewer.
 constexpr int64_t kPrefetchStrips = 1;
 constexpr int64_t kLine = 64;
 
