@@ -6,9 +6,11 @@
 // byte is used by every row of x, but a layer's weights (7 MB at the default model) are read
 // from memory every step. So the weight is laid out in the order it is read (strips of 32
 // rows, each strip one contiguous run of 1 KiB tiles, amx_tiles.h), each thread takes a
-// contiguous run of strips, and while the tiles multiply one strip the next ones are
-// prefetched into L2, which keeps the memory busy while AMX computes. x is the A operand
-// straight from its rows (the last partial block of 32 rows from a zero-padded copy).
+// contiguous run of strips (one contiguous stream, which the hardware prefetcher follows),
+// and while the tiles multiply one strip the next one is prefetched into L2 a slice per
+// product step. x is the A operand straight from its rows (the last partial block of 32
+// rows from a zero-padded copy). Up to 32 rows this runs at the read bandwidth; each further
+// 32-row block of x is another pass over the strip from L2 (core/kernels/README.md).
 //
 // Compiled with the AMX flags only into the avx512_bf16 copy, and only where the compiler
 // takes them (plugserve.kernels.isa: PLUGSERVE_AMX); every other copy, and a CPU or OS
