@@ -14,9 +14,10 @@ can run. On x86-64 the ladder is
                   products), which every CPU with AVX512-BF16 has (Cooper Lake, Zen 4)
 
 and on 64-bit Arm `neon` (baseline) and `sve256` (SVE with 256-bit vectors, e.g. Graviton 3).
-A copy may compile one of its sources with more flags (`OptIn`: the avx512_bf16 copy's AMX
-kernel, `csrc/kernels/quant_amx.cpp`) where the compiler takes them; the source then sees
-the opt-in's macro and checks the CPU at run time itself (elsewhere it compiles a stub).
+A copy may compile some of its sources with more flags (`OptIn`: the avx512_bf16 copy's AMX
+kernels, `csrc/kernels/quant_amx.cpp` and `dense_amx.cpp`) where the compiler takes them;
+the source then sees the opt-in's macro and checks the CPU at run time itself (elsewhere it
+compiles a stub).
 `ladder()` lists the ones this machine can run, lowest first; only those are compiled
 (a machine with fewer features builds its own copy, under another cache key).
 """
@@ -47,12 +48,14 @@ class OptIn:
 
 
 # AMX tiles with bf16 dot products (Sapphire Rapids): GCC >= 11 / Clang >= 12 and binutils
-# >= 2.36 know them.
-AMX_BF16 = OptIn(
-    "quant_amx.cpp", ("-mamx-tile", "-mamx-bf16"), "PLUGSERVE_AMX",
+# >= 2.36 know them. Two sources take them: the quantized and the dense bf16 AMX kernels.
+_AMX_FLAGS = ("-mamx-tile", "-mamx-bf16")
+_AMX_PROBE = (
     "#include <immintrin.h>\n"
-    "void f(void* p) { _tile_loadd(1, p, 64); _tile_dpbf16ps(0, 1, 2); _tile_release(); }\n",
+    "void f(void* p) { _tile_loadd(1, p, 64); _tile_dpbf16ps(0, 1, 2); _tile_release(); }\n"
 )
+AMX_BF16 = OptIn("quant_amx.cpp", _AMX_FLAGS, "PLUGSERVE_AMX", _AMX_PROBE)
+AMX_BF16_DENSE = OptIn("dense_amx.cpp", _AMX_FLAGS, "PLUGSERVE_AMX", _AMX_PROBE)
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ _X86 = (
         "AVX512_BF16", ("AVX512",),
         frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c", "avx512_bf16",
                    "avx512_vnni"}),
-        (AMX_BF16,),
+        (AMX_BF16, AMX_BF16_DENSE),
     ),
 )
 _ARM = (

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plugserve.kernels import dense_amx
 from plugserve.kernels import fused_elementwise as fused
 from plugserve.kernels import panel_gemm as panel
 from plugserve.kernels import skinny_linear as skinny
@@ -71,7 +72,8 @@ def _dense_linear(
     """x @ weight.T (+ bias), returned in `out_dtype` (default x's dtype). For a few rows the
     streaming kernel (`plugserve.kernels.skinny_linear`: float32 and bf16); for a few dozen
     float32 rows the kernel that streams the weight while it multiplies
-    (`plugserve.kernels.panel_gemm`); for more, a weight
+    (`plugserve.kernels.panel_gemm`), and for a decode batch's rows in bf16 on AMX the AMX
+    kernel (`plugserve.kernels.dense_amx`); for more, a weight
     packed once for the CPU's GEMM library where it multiplies the dtype natively
     (`plugserve.kernels.packed_linear`), or the kernel that reads half-precision weights as
     they are where it does not (`plugserve.kernels.widening_gemm`)."""
@@ -86,6 +88,8 @@ def _dense_linear(
         out = skinny.skinny_linear(x, weight, bias)
     elif panel.applies(x, weight):
         out = panel.panel_gemm(x, weight, bias)
+    elif dense_amx.applies(x, weight):
+        out = dense_amx.dense_amx_linear(x, weight, bias)
     elif widening.applies(x, weight):
         out = widening.widening_gemm(x, weight, bias)
     else:

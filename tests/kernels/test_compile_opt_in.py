@@ -1,5 +1,5 @@
-"""Flags one kernel source of one ISA copy opts into (`isa.OptIn`: the AMX kernel of the
-avx512_bf16 copy) reach that source only, and only where a probe compile shows the compiler
+"""Flags kernel sources of one ISA copy opt into (`isa.OptIn`: the AMX kernels of the
+avx512_bf16 copy) reach those sources only, and only where a probe compile shows the compiler
 takes them; a toolchain without them builds every copy without (the source's stub)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from plugserve.kernels import compile as compile_mod
 from plugserve.kernels import isa as isa_mod
 
 BF16 = isa_mod.by_name("avx512_bf16")
+AMX_SOURCES = ("quant_amx.cpp", "dense_amx.cpp")
 
 
 def _spec(isas: tuple[isa_mod.Isa, ...]) -> compile_mod.LibrarySpec:
@@ -26,15 +27,16 @@ def _flags(spec: compile_mod.LibrarySpec, source: str, isa: isa_mod.Isa) -> list
 
 
 @pytest.mark.parametrize("accepted", [True, False])
-def test_the_amx_flags_reach_one_source_of_one_copy(monkeypatch: pytest.MonkeyPatch,
-                                                     accepted: bool) -> None:
+def test_the_amx_flags_reach_the_amx_sources_of_one_copy(monkeypatch: pytest.MonkeyPatch,
+                                                          accepted: bool) -> None:
     monkeypatch.setattr(compile_mod, "compiler_accepts", lambda flags, probe, cache_dir=None: accepted)
     isas = (isa_mod.by_name("avx512"), BF16)
     spec = _spec(isas)
-    amx = _flags(spec, "quant_amx.cpp", BF16)
-    assert ("-mamx-tile" in amx and "-DPLUGSERVE_AMX" in amx) == accepted
+    for source in AMX_SOURCES:
+        amx = _flags(spec, source, BF16)
+        assert ("-mamx-tile" in amx and "-DPLUGSERVE_AMX" in amx) == accepted
     for job in spec.jobs():
-        if job.isa is not None and (job.source.name, job.isa) != ("quant_amx.cpp", BF16):
+        if job.isa is not None and (job.source.name not in AMX_SOURCES or job.isa != BF16):
             flags = compile_mod.job_flags(spec, job)
             assert "-mamx-tile" not in flags and "-DPLUGSERVE_AMX" not in flags
 

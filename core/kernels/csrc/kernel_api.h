@@ -243,6 +243,19 @@ struct QuantGemmArgs {
   Dtype out_dtype;
 };
 
+// out [M, N] (bf16, contiguous) = x [M, K] (bf16, rows x_stride apart) @ w.T (+ bias,
+// float32), summed in float32 with AMX tiles, w [N, K] bf16 prepacked (dense_amx.cpp: strips
+// of 32 rows, zero past N, in the VNNI-pair layout of B tiles; K a multiple of 32). The kernel
+// returns false, writing nothing, where this copy or this CPU (or its OS) has no AMX.
+struct DenseAmxArgs {
+  const void* x;
+  int64_t x_stride;
+  const void* w_packed;
+  const float* bias;  // nullptr: none
+  void* out;
+  int64_t M, K, N;
+};
+
 // name, return type, parameters: every ISA copy defines each of these.
 #define PLUGSERVE_KERNELS(X)                                   \
   X(void, skinny_linear, (const SkinnyLinearArgs& args))       \
@@ -261,6 +274,7 @@ struct QuantGemmArgs {
   X(void, quant_dequantize, (const QuantDequantizeArgs& args))  \
   X(void, quant_activations, (const QuantActivationsArgs& args)) \
   X(bool, quant_gemm_amx, (const QuantGemmArgs& args))         \
+  X(bool, dense_amx_linear, (const DenseAmxArgs& args))        \
   X(bool, amx_usable, ())
 
 #define PLUGSERVE_DECLARE_KERNEL(ret, name, params) ret name params;

@@ -20,14 +20,11 @@
 #include <c10/util/Exception.h>
 
 #include "../vec/pvec.h"
+#include "amx_tiles.h"
 #include "quant_blocks.h"
 #include "quant_widen.h"
 
 #if defined(PLUGSERVE_AMX)
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <cstdlib>
 #include <vector>
 #endif
@@ -41,68 +38,17 @@ using namespace vec;
 using quant::kBlock;
 using quant::kChunk;
 
-constexpr int64_t kStrip = 32;     // weight rows per strip: two B tiles
-constexpr int64_t kTileK = 32;     // bf16 columns of K per tile
-constexpr int64_t kTileElems = 512;  // bf16 values in one 16 x 64-byte tile
+using amx::amx_granted;
+using amx::configure_tiles;
+using amx::kStrip;
+using amx::kTileElems;
+using amx::kTileK;
+using amx::transpose16;
+
 // Rows of x up to which x is the B operand and the weight the A one (few rows: the weight
 // is then not transposed), past which the weight is packed into B tiles once per strip
 // (measured: 16 rows 25-30% faster as B, 64 even, 128 and more slower).
 constexpr int64_t kRowsAsB = 64;
-
-bool amx_granted() {
-  static const bool granted = [] {
-    unsigned eax, ebx, ecx, edx;
-    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-    const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
-    if (!amx_bf16 || !amx_tile) return false;
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return granted;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Tiles 0-3: C (16 x 16 float32), 4-5: A (16 rows of x, 32 bf16), 6-7: B (16 VNNI rows).
-void configure_tiles() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
-
-// r[i] (16 32-bit values each) becomes column i of the 16 x 16 matrix the rows made.
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 16; i += 8) {
-    for (int j = 0; j < 4; ++j) {
-      t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
-      t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xDD);
-    }
-  }
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
-    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xDD);
-  }
-}
 
 // Rows [n0, n0 + rows) of the weight (rows <= 32; the rest zero) into the strip's B tiles:
 // tile (kb, h) holds weight rows n0 + 16h .. + 16 and columns 32kb .. + 32 as 16 rows of
@@ -144,90 +90,9 @@ void pack_strip(const QuantGemmArgs& a, int64_t n0, int64_t rows, BF16* strip) {
   }
 }
 
-template <typename TO>
-void store_rows(const float* c, int64_t m0, int64_t m_count, int64_t n0, int64_t n_count,
-                const QuantGemmArgs& a) {
-  TO* out = static_cast<TO*>(a.out);
-  const __mmask16 lo = n_count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n_count) - 1);
-  const __mmask16 hi = n_count >= 32 ? __mmask16(0xFFFF)
-                       : n_count <= 16 ? __mmask16(0)
-                                       : __mmask16((1u << (n_count - 16)) - 1);
-  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
-  if (a.bias != nullptr) {
-    b0 = _mm512_maskz_loadu_ps(lo, a.bias + n0);
-    b1 = _mm512_maskz_loadu_ps(hi, a.bias + n0 + 16);
-  }
-  for (int64_t m = 0; m < m_count; ++m) {
-    const __m512 v0 = _mm512_add_ps(_mm512_load_ps(c + m * kStrip), b0);
-    const __m512 v1 = _mm512_add_ps(_mm512_load_ps(c + m * kStrip + 16), b1);
-    TO* dst = out + (m0 + m) * a.N + n0;
-    if constexpr (std::is_same_v<TO, float>) {
-      _mm512_mask_storeu_ps(dst, lo, v0);
-      _mm512_mask_storeu_ps(dst + 16, hi, v1);
-    } else {
-      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v1, v0));
-      _mm512_mask_storeu_epi16(dst, (__mmask32(hi) << 16) | lo, both);
-    }
-  }
-}
-
-// All rows of x times one packed strip (n_count <= 32 valid weight rows at n0).
-template <typename TO>
-void multiply_strip(const QuantGemmArgs& a, const BF16* strip, const BF16* x_tail,
-                    int64_t n0, int64_t n_count) {
-  const BF16* x = static_cast<const BF16*>(a.x);
-  alignas(64) float c[kStrip * kStrip];
-  const int64_t kbs = a.K / kTileK;
-  for (int64_t m0 = 0; m0 < a.M; m0 += 32) {
-    const int64_t m_count = std::min<int64_t>(32, a.M - m0);
-    // Whole 32-row blocks straight from x; the last partial one from its zero-padded copy.
-    const bool whole = m_count == 32;
-    const BF16* xa = whole ? x + m0 * a.x_stride : x_tail;
-    const int64_t stride = (whole ? a.x_stride : a.K) * 2;
-    _tile_zero(0);
-    _tile_zero(1);
-    if (m_count > 16) {
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t kb = 0; kb < kbs; ++kb) {
-        // Each load just before the first product that needs it.
-        _tile_loadd(4, xa + kb * kTileK, stride);
-        _tile_loadd(6, strip + (kb * 2) * kTileElems, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(7, strip + (kb * 2 + 1) * kTileElems, 64);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(5, xa + 16 * (stride / 2) + kb * kTileK, stride);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(2, c + 16 * kStrip, kStrip * 4);
-      _tile_stored(3, c + 16 * kStrip + 16, kStrip * 4);
-    } else {
-      for (int64_t kb = 0; kb < kbs; ++kb) {
-        _tile_loadd(4, xa + kb * kTileK, stride);
-        _tile_loadd(6, strip + (kb * 2) * kTileElems, 64);
-        _tile_loadd(7, strip + (kb * 2 + 1) * kTileElems, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-      }
-    }
-    _tile_stored(0, c, kStrip * 4);
-    _tile_stored(1, c + 16, kStrip * 4);
-    store_rows<TO>(c, m0, m_count, n0, n_count, a);
-  }
-}
-
 template <QuantFormat Fmt, typename TO>
 void gemm_typed(const QuantGemmArgs& a) {
-  // The last partial block of 32 rows of x, zero-padded (tile loads read 16 or 32 rows).
-  std::vector<BF16> x_tail;
-  if (a.M % 32 != 0) {
-    const int64_t m0 = a.M / 32 * 32;
-    x_tail.assign(32 * a.K, BF16(0.0f));
-    const BF16* x = static_cast<const BF16*>(a.x);
-    for (int64_t m = m0; m < a.M; ++m)
-      std::memcpy(static_cast<void*>(&x_tail[(m - m0) * a.K]), x + m * a.x_stride, a.K * 2);
-  }
+  const std::vector<BF16> x_tail = amx::x_tail(a);
   const int64_t strips = (a.N + kStrip - 1) / kStrip;
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
     configure_tiles();
@@ -235,7 +100,7 @@ void gemm_typed(const QuantGemmArgs& a) {
     for (int64_t s = begin; s < end; ++s) {
       const int64_t n0 = s * kStrip, n_count = std::min(kStrip, a.N - n0);
       pack_strip<Fmt>(a, n0, n_count, strip);
-      multiply_strip<TO>(a, strip, x_tail.data(), n0, n_count);
+      amx::multiply_strip<TO>(a, strip, x_tail.data(), n0, n_count, [](int64_t, int64_t) {});
     }
     std::free(strip);
     _tile_release();

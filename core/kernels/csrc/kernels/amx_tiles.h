@@ -1,0 +1,188 @@
+// What the AMX kernels share (quant_amx.cpp: quantized weights dequantized per strip;
+// dense_amx.cpp: bf16 weights packed once): the run-time check, the tile configuration, a
+// 16 x 16 transpose of 32-bit values, and the product of all rows of x with one strip of 32
+// weight rows already in the VNNI-pair layout of B tiles.
+//
+// Only for sources compiled with the AMX opt-in (plugserve.kernels.isa: PLUGSERVE_AMX).
+#pragma once
+
+#if defined(PLUGSERVE_AMX)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "../vec/pvec.h"
+
+PLUGSERVE_ISA_BEGIN
+namespace amx {
+
+using vec::BF16;
+
+constexpr int64_t kStrip = 32;       // weight rows per strip: two B tiles
+constexpr int64_t kTileK = 32;       // bf16 columns of K per tile
+constexpr int64_t kTileElems = 512;  // bf16 values in one 16 x 64-byte tile
+
+// The CPU has AMX-BF16 and the OS lets this process use the tile state (Linux:
+// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once per process).
+inline bool amx_granted() {
+  static const bool granted = [] {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
+    if (!amx_bf16 || !amx_tile) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: C (16 x 16 float32), 4-5: A (16 rows of 32 bf16), 6-7: B (16 VNNI rows).
+inline void configure_tiles() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// r[i] (16 32-bit values each) becomes column i of the 16 x 16 matrix the rows made.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 16; i += 8) {
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xDD);
+    }
+  }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xDD);
+  }
+}
+
+// The last partial block of 32 rows of x, zero-padded (tile loads read 16 or 32 rows); empty
+// where M is a multiple of 32. `Args` (here and below): x (bf16, rows x_stride apart), M, K,
+// N, bias (float32 or nullptr), out ([M, N], contiguous).
+template <typename Args>
+std::vector<BF16> x_tail(const Args& a) {
+  std::vector<BF16> tail;
+  if (a.M % 32 != 0) {
+    const int64_t m0 = a.M / 32 * 32;
+    tail.assign(32 * a.K, BF16(0.0f));
+    const BF16* x = static_cast<const BF16*>(a.x);
+    for (int64_t m = m0; m < a.M; ++m)
+      std::memcpy(static_cast<void*>(&tail[(m - m0) * a.K]), x + m * a.x_stride, a.K * 2);
+  }
+  return tail;
+}
+
+// out rows m0 .. + m_count, columns n0 .. + n_count (+ bias) from c [32 rows][32 columns].
+template <typename TO, typename Args>
+void store_rows(const float* c, int64_t m0, int64_t m_count, int64_t n0, int64_t n_count,
+                const Args& a) {
+  TO* out = static_cast<TO*>(a.out);
+  const __mmask16 lo = n_count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n_count) - 1);
+  const __mmask16 hi = n_count >= 32 ? __mmask16(0xFFFF)
+                       : n_count <= 16 ? __mmask16(0)
+                                       : __mmask16((1u << (n_count - 16)) - 1);
+  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+  if (a.bias != nullptr) {
+    b0 = _mm512_maskz_loadu_ps(lo, a.bias + n0);
+    b1 = _mm512_maskz_loadu_ps(hi, a.bias + n0 + 16);
+  }
+  for (int64_t m = 0; m < m_count; ++m) {
+    const __m512 v0 = _mm512_add_ps(_mm512_load_ps(c + m * kStrip), b0);
+    const __m512 v1 = _mm512_add_ps(_mm512_load_ps(c + m * kStrip + 16), b1);
+    TO* dst = out + (m0 + m) * a.N + n0;
+    if constexpr (std::is_same_v<TO, float>) {
+      _mm512_mask_storeu_ps(dst, lo, v0);
+      _mm512_mask_storeu_ps(dst + 16, hi, v1);
+    } else {
+      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v1, v0));
+      _mm512_mask_storeu_epi16(dst, (__mmask32(hi) << 16) | lo, both);
+    }
+  }
+}
+
+// All rows of x times one strip (n_count <= 32 valid weight rows at n0) in the B-tile layout:
+// tile (kb, h) at strip + (2 kb + h) * kTileElems holds weight rows 16h .. + 16 and columns
+// 32kb .. + 32 as 16 rows of 16 pairs (row p, pair i = w[16h + i][32kb + 2p .. + 2]).
+// `during(block, kb)` runs before the products of each 32-row block of x and column tile (a
+// prefetch of what comes next, spread over them, overlaps the products that way).
+template <typename TO, typename Args, typename During>
+void multiply_strip(const Args& a, const BF16* strip, const BF16* x_tail, int64_t n0,
+                    int64_t n_count, During&& during) {
+  const BF16* x = static_cast<const BF16*>(a.x);
+  alignas(64) float c[kStrip * kStrip];
+  const int64_t kbs = a.K / kTileK;
+  for (int64_t m0 = 0; m0 < a.M; m0 += 32) {
+    const int64_t m_count = std::min<int64_t>(32, a.M - m0);
+    // Whole 32-row blocks straight from x; the last partial one from its zero-padded copy.
+    const bool whole = m_count == 32;
+    const int64_t block = m0 / 32;
+    const BF16* xa = whole ? x + m0 * a.x_stride : x_tail;
+    const int64_t stride = (whole ? a.x_stride : a.K) * 2;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (m_count > 16) {
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t kb = 0; kb < kbs; ++kb) {
+        during(block, kb);
+        // Each load just before the first product that needs it.
+        _tile_loadd(4, xa + kb * kTileK, stride);
+        _tile_loadd(6, strip + (kb * 2) * kTileElems, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, strip + (kb * 2 + 1) * kTileElems, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, xa + 16 * (stride / 2) + kb * kTileK, stride);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(2, c + 16 * kStrip, kStrip * 4);
+      _tile_stored(3, c + 16 * kStrip + 16, kStrip * 4);
+    } else {
+      for (int64_t kb = 0; kb < kbs; ++kb) {
+        during(block, kb);
+        _tile_loadd(4, xa + kb * kTileK, stride);
+        _tile_loadd(6, strip + (kb * 2) * kTileElems, 64);
+        _tile_loadd(7, strip + (kb * 2 + 1) * kTileElems, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+    }
+    _tile_stored(0, c, kStrip * 4);
+    _tile_stored(1, c + 16, kStrip * 4);
+    store_rows<TO>(c, m0, m_count, n0, n_count, a);
+  }
+}
+
+}  // namespace amx
+PLUGSERVE_ISA_END
+
+#endif  // PLUGSERVE_AMX
