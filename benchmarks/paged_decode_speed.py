@@ -11,9 +11,10 @@ rows' (one slot per row per step). A batch is ROWSxKEYS, or ROWSxLO-HI for rows 
 lengths (seeded), as the workload's requests have.
 
     python benchmarks/paged_decode_speed.py [--batches 64x250,64x16-512,32x400,8x500,1x1024]
-        [--dtypes bfloat16,float32] [--isa avx512] [--repeats 7] [--layers 30]
+        [--dtypes bfloat16,float32] [--isa avx512] [--repeats 7] [--layers 30] [--contiguous]
 
-The query dtype is the cache's. Best of --repeats; --isa forces a kernel copy.
+The query dtype is the cache's. Best of --repeats; --isa forces a kernel copy; --contiguous
+lays each row's keys in one run of slots (the layout large pages would give).
 """
 
 from __future__ import annotations
@@ -31,17 +32,18 @@ HEADS, KV_HEADS, DIM = 9, 3, 64
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def engine_slots(lens: list[int]) -> tuple[torch.Tensor, int]:
+def engine_slots(lens: list[int], contiguous: bool = False) -> tuple[torch.Tensor, int]:
     """[rows, max(lens)] slot table: each row's prompt half in one run, the decoded halves
-    interleaved (one slot per still-decoding row per step), and the number of slots used."""
+    interleaved (one slot per still-decoding row per step), and the number of slots used.
+    `contiguous`: every row's keys in one run instead."""
     rows, width = len(lens), max(lens)
     slots = torch.zeros(rows, width, dtype=torch.int64)
-    prompts = [n // 2 for n in lens]
+    prompts = list(lens) if contiguous else [n // 2 for n in lens]
     used = 0
     for i, p in enumerate(prompts):
         slots[i, :p] = torch.arange(used, used + p)
         used += p
-    for step in range(width - min(prompts)):
+    for step in range(width - min(prompts) if not contiguous else 0):
         for i, (n, p) in enumerate(zip(lens, prompts, strict=True)):
             if p + step < n:
                 slots[i, p + step] = used
@@ -59,12 +61,12 @@ def batch_lens(spec: str) -> list[int]:
     return torch.randint(int(lo), int(hi) + 1, (int(rows),), generator=gen).tolist()
 
 
-def time_batch(lens: list[int], dtype: torch.dtype, layers: int,
-               repeats: int) -> tuple[float, float]:
+def time_batch(lens: list[int], dtype: torch.dtype, layers: int, repeats: int,
+               contiguous: bool = False) -> tuple[float, float]:
     """(us per call, GB/s of K/V read) of `layers` calls over separate buffers."""
     gen = torch.Generator().manual_seed(0)
     rows = len(lens)
-    slots, num_slots = engine_slots(lens)
+    slots, num_slots = engine_slots(lens, contiguous)
     first = torch.zeros(rows, dtype=torch.int64)
     kv_lens = torch.tensor(lens, dtype=torch.int64)
     q = torch.randn(rows, HEADS, DIM, generator=gen).to(dtype)
@@ -88,6 +90,8 @@ def main() -> None:
     parser.add_argument("--isa", default=None, help="force a kernel copy (default: the best)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--contiguous", action="store_true",
+                        help="each row's keys in one run of slots (as with large pages)")
     args = parser.parse_args()
     if not pd.available():
         raise SystemExit(f"paged_decode kernel unavailable: {pd.why_unavailable()}")
@@ -102,7 +106,8 @@ def main() -> None:
         print(f"{'batch':>11} {'dtype':>9} {'us/call':>9} {'GB/s':>7}")
         for spec in args.batches.split(","):
             for name in args.dtypes.split(","):
-                us, gbs = time_batch(batch_lens(spec), DTYPES[name], args.layers, args.repeats)
+                us, gbs = time_batch(batch_lens(spec), DTYPES[name], args.layers, args.repeats,
+                                     args.contiguous)
                 print(f"{spec:>11} {name:>9} {us:>9.1f} {gbs:>7.1f}")
 
 
