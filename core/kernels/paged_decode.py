@@ -5,9 +5,12 @@ V buffers ([slots, kv_heads, head_dim]); `first_key` is 0 for a full layer and
 `kv_lens - window` for a sliding-window one. `reference` does this with a gathered,
 padded copy and `scaled_dot_product_attention` in float32 (what `torch_native` did before the
 kernel); `paged_decode` runs `csrc/kernels/paged_decode.cpp`, which reads each key and value
-where it lies, once, and computes in float32 as well. The cache may hold the queries' dtype,
-bf16 (under float32 queries) or fp8 (e4m3 / e5m2), widened as it is read. The kernel is
-tested against the reference (tests/kernels/test_paged_decode_kernel.py).
+where it lies, once, and computes in float32 as well (bf16 keys under bf16 queries are
+dotted as bf16 pairs where the CPU has AVX-512 BF16: exact products, float32 sums). Its work
+is cut into one piece of keys per thread, so a long row is split between the threads and
+its parts merged. The cache may hold the queries' dtype, bf16 (under float32 queries) or fp8
+(e4m3 / e5m2), widened as it is read. The kernel is tested against the reference
+(tests/kernels/test_paged_decode_kernel.py).
 """
 
 from __future__ import annotations

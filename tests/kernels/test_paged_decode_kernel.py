@@ -87,3 +87,22 @@ def test_a_narrower_cache_under_float32_queries(kv_dtype: torch.dtype, window: i
     ref = pd.reference(q, k, v, slots, first, lens, 128**-0.5)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("window", [None, 600])
+def test_long_rows_split_between_threads(
+    threads: int, dtype: torch.dtype, atol: float, window: int | None
+) -> None:
+    """The keys of all rows are cut into one piece per thread, so a row's keys can be split
+    between threads and their partial softmaxes merged: the same as the reference."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        case = _case(dtype, 9, 3, 64, [1500, 3, 700, 1], window, seed=threads)
+        out = pd.paged_decode(*case, scale=0.125)
+    finally:
+        torch.set_num_threads(before)
+    ref = pd.reference(*case, scale=0.125)
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=0)

@@ -5,156 +5,43 @@
 // Nothing is gathered: each (row, kv head) task reads its keys and values where they lie,
 // once, widening bf16 / fp16 / fp8 to float32 on the fly, and computes the softmax in float32
 // for the query heads that share that kv head (grouped-query attention). The output has q's
-// dtype.
+// dtype. The two passes of a task (scores, then values) are in paged_decode_passes.h.
 //
-// For head_dim 64, 128 and 256 the passes are vector code: one key's row is loaded into
-// registers once and dotted with every query head of its group; the value pass keeps a block
-// of heads x 4 vectors of accumulators in registers and streams the values once per block.
-// Other head_dims run plain loops the compiler vectorises.
+// Work split: the tasks' keys, laid end to end (plus kTaskCost per task), are cut into one
+// equal piece per thread, so rows of unequal lengths balance and a long row is shared by
+// the threads (flash decoding): a task cut by a piece's end leaves each part's running max,
+// sum and unnormalised output, merged once the pieces are done.
+//
+// Measured (benchmarks/paged_decode_speed.py, SmolLM2-135M's 9 / 3 heads x 64, 30 layers'
+// buffers, engine-like slots; avx512_bf16 copy, 2 threads of a Xeon with AVX-512 BF16), us per
+// call before -> after this split, the bf16 dots and the 16-key lane sums:
+//   64 x 250 keys      bf16 888 -> 786   fp32 1337 -> 1379 (noise: the K/V stream is the limit)
+//   64 x 16..512 keys  bf16 947 -> 831   fp32 1430 -> 1341
+//   8 x 500            bf16 131 -> 120   fp32  246 -> 249
+//   1 x 1024           bf16  40 ->  33   fp32   61 ->  44
+// The reads are bound by the lines in flight, not by the arithmetic: software prefetches
+// each hold a fill buffer, so prefetching further (48 or 64 keys), nearer (12), only every
+// other line, or a whole block of keys at once all measured slower; a one-pass online
+// softmax over blocks of 16 keys (each block's keys and values touched once, in L1) measured
+// 5-50% slower than these two passes with their 24-key prefetch.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
-#include <c10/util/Float8_e4m3fn.h>
-#include <c10/util/Float8_e5m2.h>
 
+#include <algorithm>
 #include <vector>
 
-#include "../vec/pvec.h"
+#include "paged_decode_passes.h"
 
 PLUGSERVE_ISA_BEGIN
 namespace {
 
 using namespace vec;
-using E4M3 = c10::Float8_e4m3fn;
-using E5M2 = c10::Float8_e5m2;
+using namespace paged;
 
-// Keys (and values) prefetched this many positions ahead: they lie at scattered pages. The
-// score pass asks for keys and values 24 ahead into L2, the value pass for values 16 ahead
-// into L1. Measured at 64 rows x 250 keys x 30 layers, bf16, 2 Zen 4 threads: 21.0 ms with
-// keys 16 ahead into L1 and values into L2, 17.5 ms like this (fp32: 33.7 -> 30.6 ms).
-constexpr int64_t kScorePrefetchKeys = 24;
-constexpr int64_t kPrefetchKeys = 16;
-// Query heads per block of the value pass: GB x 4 accumulators + 4 values + 1 must fit.
-constexpr int kHeadBlock = kRegisters >= 32 ? 4 : 2;
-
-// One cache element as float32 (fp8 values times the buffer's scale).
-template <typename T>
-inline float cache_value(T v, float scale) {
-  if constexpr (std::is_same_v<T, E4M3> || std::is_same_v<T, E5M2>) {
-    return static_cast<float>(v) * scale;
-  } else {
-    return to_float(v);
-  }
-}
-
-// kWidth cache values as float32.
-template <typename T>
-inline F load_cache(const T* p, float scale) {
-  if constexpr (std::is_same_v<T, E4M3> || std::is_same_v<T, E5M2>) {
-    __at_align__ float tmp[kWidth];
-    for (int64_t i = 0; i < kWidth; ++i) tmp[i] = static_cast<float>(p[i]);
-    return F::loadu(tmp) * F(scale);
-  } else {
-    return load(p);
-  }
-}
-
-template <typename T>
-inline void load_row(const T* __restrict src, float* __restrict dst, int64_t n, float scale) {
-#pragma omp simd
-  for (int64_t d = 0; d < n; ++d) dst[d] = cache_value(src[d], scale);
-}
-
-template <typename TK, int64_t D>
-void scores_vec(const float* qf, int64_t group, const TK* base, const int64_t* row_slots,
-                int64_t n, int64_t token_stride, float scale, float k_scale, float* scores,
-                float* row_max, const TK* v_base, int64_t v_token_stride) {
-  constexpr int C = D / kWidth;
-  for (int64_t j = 0; j < n; ++j) {
-    if (j + kScorePrefetchKeys < n) {
-      // This key and its values, into L2 (the values for the value pass: a task's values
-      // fit there). Asking for both keeps more lines in flight than fetching keys into L1,
-      // which this pass, waiting on scattered keys, is limited by.
-      const int64_t slot = row_slots[j + kScorePrefetchKeys];
-      const char* k_ahead = reinterpret_cast<const char*>(base + slot * token_stride);
-      const char* v_ahead = reinterpret_cast<const char*>(v_base + slot * v_token_stride);
-      for (int64_t b = 0; b < D * int64_t(sizeof(TK)); b += 64) {
-        prefetch_l2(k_ahead + b);
-        prefetch_l2(v_ahead + b);
-      }
-    }
-    const TK* kp = base + row_slots[j] * token_stride;
-    Reg kc[C];
-#pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) kc[c] = load_cache(kp + kWidth * c, k_scale);
-    for (int64_t g = 0; g < group; ++g) {
-      const float* qg = qf + g * D;
-      F acc = F(kc[0]) * F::loadu(qg);
-#pragma GCC unroll 16
-      for (int c = 1; c < C; ++c) acc = fmadd(kc[c], F::loadu(qg + kWidth * c), acc);
-      const float score = hsum(acc) * scale;
-      scores[g * n + j] = score;
-      row_max[g] = std::max(row_max[g], score);
-    }
-  }
-}
-
-// acc[g0 + g][d0 : d0 + 4 kWidth] = sum_j probs[g0 + g][j] * v_j[d0 : ...] for g < GB.
-template <typename TK, int GB>
-void values_block(const float* probs, int64_t n, int64_t g0, const TK* base,
-                  const int64_t* row_slots, int64_t token_stride, float v_scale, int64_t d0,
-                  int64_t D, float* acc) {
-  Reg a[GB][4];
-#pragma GCC unroll 4
-  for (int g = 0; g < GB; ++g)
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) a[g][c] = F(0.0f);
-  for (int64_t j = 0; j < n; ++j) {
-    if (j + kPrefetchKeys < n) {
-      const char* ahead = reinterpret_cast<const char*>(
-          base + row_slots[j + kPrefetchKeys] * token_stride + d0);
-      for (int64_t b = 0; b < 4 * kWidth * int64_t(sizeof(TK)); b += 64) prefetch_l1(ahead + b);
-    }
-    const TK* vp = base + row_slots[j] * token_stride + d0;
-    const Reg v[4] = {load_cache(vp, v_scale), load_cache(vp + kWidth, v_scale),
-                      load_cache(vp + 2 * kWidth, v_scale),
-                      load_cache(vp + 3 * kWidth, v_scale)};
-#pragma GCC unroll 4
-    for (int g = 0; g < GB; ++g) {
-      const F pg(probs[(g0 + g) * n + j]);
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) a[g][c] = fmadd(v[c], pg, a[g][c]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int g = 0; g < GB; ++g)
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) F(a[g][c]).store(acc + (g0 + g) * D + d0 + kWidth * c);
-}
-
-template <typename TK, int64_t D>
-void values_vec(const float* probs, int64_t n, int64_t group, const TK* base,
-                const int64_t* row_slots, int64_t token_stride, float v_scale, float* acc) {
-  for (int64_t d0 = 0; d0 < D; d0 += 4 * kWidth) {
-    int64_t g0 = 0;
-    for (; g0 + kHeadBlock <= group; g0 += kHeadBlock)
-      values_block<TK, kHeadBlock>(probs, n, g0, base, row_slots, token_stride, v_scale, d0, D,
-                                   acc);
-    switch (group - g0) {
-      case 3:
-        if constexpr (kHeadBlock > 3)
-          values_block<TK, 3>(probs, n, g0, base, row_slots, token_stride, v_scale, d0, D, acc);
-        break;
-      case 2:
-        if constexpr (kHeadBlock > 2)
-          values_block<TK, 2>(probs, n, g0, base, row_slots, token_stride, v_scale, d0, D, acc);
-        break;
-      case 1:
-        values_block<TK, 1>(probs, n, g0, base, row_slots, token_stride, v_scale, d0, D, acc);
-        break;
-      default: break;
-    }
-  }
-}
+// A task costs its keys plus this many (loading q, storing the output) when the work is
+// cut into one piece per thread; no piece is smaller than kMinPiece.
+constexpr int64_t kTaskCost = 8;
+constexpr int64_t kMinPiece = 256;
 
 // q rows of the queries' dtype as float32, and float32 results stored in it (a runtime
 // switch: the kernel itself is compiled once per cache type and head_dim, not per q type).
@@ -173,103 +60,206 @@ inline void store_output(const PagedDecodeArgs& a, int64_t offset, const float* 
   });
 }
 
-template <typename TK, int64_t kDim>
-void decode(const PagedDecodeArgs& a) {
-  const int64_t heads = a.heads, kv_heads = a.kv_heads;
-  const int64_t dim = kDim > 0 ? kDim : a.dim;  // a constant lets the compiler unroll
-  const int64_t group = heads / kv_heads;
-  const TK* k_ptr = static_cast<const TK*>(a.k);
-  const TK* v_ptr = static_cast<const TK*>(a.v);
-  const float scale = a.scale;
+// One thread's buffers.
+struct Scratch {
+  std::vector<float> qf, kv_row, scores, dots;
+  std::vector<BF16> qb;
+  Scratch(int64_t group, int64_t dim)
+      : qf(group * dim), kv_row(dim), dots(group * kBlock * kWidth, 0.f), qb(group * dim) {}
+};
 
-  at::parallel_for(0, a.rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * dim), acc(group * dim), kv_row(dim), scores;
-    std::vector<float> row_max(group), denom(group);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t i = task / kv_heads, h = task % kv_heads;
-      const int64_t start = std::max<int64_t>(a.first_key[i], 0), stop = a.kv_lens[i];
-      const int64_t n = std::max<int64_t>(stop - start, 0);
-      load_query(a, (i * heads + h * group) * dim, qf.data(), group * dim);
-      scores.resize(group * n);  // every entry is written below
-      std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<float>::infinity());
-      const int64_t* row_slots = a.slots + i * a.slot_stride + start;
-      TORCH_CHECK(stop <= a.slot_width, "paged_decode: kv_lens[", i, "] = ", stop,
-                  " exceeds the slot table's width ", a.slot_width);
-      for (int64_t j = 0; j < n; ++j) {
-        TORCH_CHECK(row_slots[j] >= 0 && row_slots[j] < a.num_slots, "paged_decode: slot ",
-                    row_slots[j], " of query ", i, " is outside the cache [0, ", a.num_slots,
-                    ")");
-      }
-      const TK* k_base = k_ptr + h * a.k_head_stride;
-      const TK* v_base = v_ptr + h * a.v_head_stride;
-      constexpr bool kVector = kDim > 0 && kDim % (4 * kWidth) == 0;
-      if constexpr (kVector) {
-        scores_vec<TK, kDim>(qf.data(), group, k_base, row_slots, n, a.k_token_stride, scale,
-                             a.k_scale, scores.data(), row_max.data(), v_base,
-                             a.v_token_stride);
-      } else {
-        for (int64_t j = 0; j < n; ++j) {
-          load_row(k_base + row_slots[j] * a.k_token_stride, kv_row.data(), dim, a.k_scale);
-          for (int64_t g = 0; g < group; ++g) {
-            const float* qg = qf.data() + g * dim;
-            float dot = 0.f;
+// The softmax state of one task's query heads over some of its keys: running max, sum of
+// e^(score - max), and the output not yet divided by that sum ([group, dim]).
+struct State {
+  float* m;
+  float* l;
+  float* acc;
+};
+
+// Keys [j0, j1) (counted from first_key) of row i for the query heads of kv head h.
+template <typename TK, int64_t kDim, bool kBf16>
+void attend(const PagedDecodeArgs& a, int64_t i, int64_t h, int64_t j0, int64_t j1,
+            Scratch& w, const State& st) {
+  const int64_t heads = a.heads, group = heads / a.kv_heads;
+  const int64_t dim = kDim > 0 ? kDim : a.dim;  // a constant lets the compiler unroll
+  const int64_t n = j1 - j0;
+  const int64_t start = std::max<int64_t>(a.first_key[i], 0) + j0;
+  const int64_t* row_slots = a.slots + i * a.slot_stride + start;
+  for (int64_t j = 0; j < n; ++j) {
+    TORCH_CHECK(row_slots[j] >= 0 && row_slots[j] < a.num_slots, "paged_decode: slot ",
+                row_slots[j], " of query ", i, " is outside the cache [0, ", a.num_slots, ")");
+  }
+  load_query(a, (i * heads + h * group) * dim, w.qf.data(), group * dim);
+  if constexpr (kBf16) {
+    std::copy_n(static_cast<const BF16*>(a.q) + (i * heads + h * group) * dim, group * dim,
+                w.qb.data());
+  }
+  w.scores.resize(group * n);  // every entry is written below
+  float* scores = w.scores.data();
+  std::fill_n(st.m, group, -std::numeric_limits<float>::infinity());
+  const TK* k_base = static_cast<const TK*>(a.k) + h * a.k_head_stride;
+  const TK* v_base = static_cast<const TK*>(a.v) + h * a.v_head_stride;
+  constexpr bool kVector = kDim > 0 && kDim % (4 * kWidth) == 0;
+  if constexpr (kVector) {
+    scores_vec<TK, kDim, kBf16>(w.qf.data(), w.qb.data(), group, k_base, row_slots, n,
+                                a.k_token_stride, a.scale, a.k_scale, scores, st.m, v_base,
+                                a.v_token_stride, w.dots.data());
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      load_row(k_base + row_slots[j] * a.k_token_stride, w.kv_row.data(), dim, a.k_scale);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qg = w.qf.data() + g * dim;
+        float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < dim; ++d) dot += qg[d] * kv_row[d];
-            const float score = dot * scale;
-            scores[g * n + j] = score;
-            row_max[g] = std::max(row_max[g], score);
-          }
-        }
+        for (int64_t d = 0; d < dim; ++d) dot += qg[d] * w.kv_row[d];
+        const float score = dot * a.scale;
+        scores[g * n + j] = score;
+        st.m[g] = std::max(st.m[g], score);
       }
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* __restrict s = scores + g * n;
+    const float m = st.m[g];
+    int64_t j = 0;
+    F vsum(0.0f);
+    for (; j + kWidth <= n; j += kWidth) {
+      const F e = vec::exp(F::loadu(s + j) - F(m));
+      e.store(s + j);
+      vsum = vsum + e;
+    }
+    float sum = hsum(vsum);
+    for (; j < n; ++j) {
+      s[j] = exp_f32(s[j] - m);
+      sum += s[j];
+    }
+    st.l[g] = sum;
+  }
+  if constexpr (kVector) {
+    values_vec<TK, kDim>(scores, n, group, v_base, row_slots, a.v_token_stride, a.v_scale,
+                         st.acc);
+  } else {
+    std::fill_n(st.acc, group * dim, 0.f);
+    for (int64_t j = 0; j < n; ++j) {
+      load_row(v_base + row_slots[j] * a.v_token_stride, w.kv_row.data(), dim, a.v_scale);
       for (int64_t g = 0; g < group; ++g) {
-        float* __restrict s = scores.data() + g * n;
-        const float m = row_max[g];
-        float sum = 0.f;
-        int64_t j = 0;
-        F vsum(0.0f);
-        for (; j + kWidth <= n; j += kWidth) {
-          const F e = vec::exp(F::loadu(s + j) - F(m));
-          e.store(s + j);
-          vsum = vsum + e;
-        }
-        sum = hsum(vsum);
-        for (; j < n; ++j) {
-          s[j] = exp_f32(s[j] - m);
-          sum += s[j];
-        }
-        denom[g] = sum;
-      }
-      if constexpr (kVector) {
-        values_vec<TK, kDim>(scores.data(), n, group, v_base, row_slots, a.v_token_stride,
-                             a.v_scale, acc.data());
-      } else {
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t j = 0; j < n; ++j) {
-          load_row(v_base + row_slots[j] * a.v_token_stride, kv_row.data(), dim, a.v_scale);
-          for (int64_t g = 0; g < group; ++g) {
-            float* __restrict o = acc.data() + g * dim;
-            const float p = scores[g * n + j];
+        float* __restrict o = st.acc + g * dim;
+        const float p = scores[g * n + j];
 #pragma omp simd
-            for (int64_t d = 0; d < dim; ++d) o[d] += p * kv_row[d];
-          }
-        }
+        for (int64_t d = 0; d < dim; ++d) o[d] += p * w.kv_row[d];
       }
-      for (int64_t g = 0; g < group; ++g) {
-        // A row with no keys (n == 0) gets zeros, like a fully masked softmax would not.
-        const float inv = denom[g] > 0.f ? 1.f / denom[g] : 0.f;
-        store_output(a, (i * heads + h * group + g) * dim, acc.data() + g * dim, inv, dim);
+    }
+  }
+}
+
+// Task t's output: the states of its pieces (one when it was not cut) merged and divided
+// by their sum. A task with no keys (l == 0) gets zeros, as a fully masked softmax does not.
+void finish(const PagedDecodeArgs& a, int64_t t, const State* states, int64_t count,
+            float* acc) {
+  const int64_t group = a.heads / a.kv_heads, dim = a.dim;
+  const int64_t i = t / a.kv_heads, h = t % a.kv_heads;
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t offset = (i * a.heads + h * group + g) * dim;
+    if (count == 1) {
+      const float l = states[0].l[g];
+      store_output(a, offset, states[0].acc + g * dim, l > 0.f ? 1.f / l : 0.f, dim);
+      continue;
+    }
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t r = 0; r < count; ++r) m = std::max(m, states[r].m[g]);
+    float l = 0.f;
+    std::fill_n(acc, dim, 0.f);
+    for (int64_t r = 0; r < count; ++r) {
+      const float f = exp_f32(states[r].m[g] - m);
+      l += states[r].l[g] * f;
+      const float* src = states[r].acc + g * dim;
+      for (int64_t d = 0; d < dim; ++d) acc[d] += src[d] * f;
+    }
+    store_output(a, offset, acc, l > 0.f ? 1.f / l : 0.f, dim);
+  }
+}
+
+template <typename TK, int64_t kDim, bool kBf16>
+void decode(const PagedDecodeArgs& a) {
+  const int64_t kv_heads = a.kv_heads, group = a.heads / kv_heads, dim = a.dim;
+  const int64_t tasks = a.rows * kv_heads;
+  // Task t = (row t / kv_heads, kv head t % kv_heads) covers [cost[t], cost[t + 1]) of the
+  // tasks' keys laid end to end (plus kTaskCost each).
+  std::vector<int64_t> cost(tasks + 1, 0), keys(a.rows);
+  for (int64_t i = 0; i < a.rows; ++i) {
+    const int64_t start = std::max<int64_t>(a.first_key[i], 0), stop = a.kv_lens[i];
+    TORCH_CHECK(stop <= a.slot_width, "paged_decode: kv_lens[", i, "] = ", stop,
+                " exceeds the slot table's width ", a.slot_width);
+    keys[i] = std::max<int64_t>(stop - start, 0);
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t t = i * kv_heads + h;
+      cost[t + 1] = cost[t] + keys[i] + kTaskCost;
+    }
+  }
+  const int64_t total = cost[tasks];
+  const int64_t pieces =
+      std::clamp<int64_t>(total / kMinPiece, 1, std::max(at::get_num_threads(), 1));
+  // A task cut by a piece's ends keeps each part's state in a record: at most two per piece
+  // (its first task and its last), in piece order, merged once every piece is done.
+  const int64_t state_floats = group * (dim + 2);
+  std::vector<float> records(2 * pieces * state_floats);
+  std::vector<int64_t> record_task(2 * pieces, -1);
+  auto record = [&](float* base) { return State{base, base + group, base + 2 * group}; };
+
+  at::parallel_for(0, pieces, 1, [&](int64_t begin, int64_t end) {
+    Scratch w(group, dim);
+    std::vector<float> own(state_floats), acc(dim);
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t lo = total * p / pieces, hi = total * (p + 1) / pieces;
+      int64_t t = std::upper_bound(cost.begin(), cost.end(), lo) - cost.begin() - 1;
+      for (; t < tasks && cost[t] < hi; ++t) {
+        const int64_t i = t / kv_heads, n = keys[i];
+        const int64_t j0 = std::clamp<int64_t>(lo - cost[t], 0, n);
+        const int64_t j1 = std::clamp<int64_t>(hi - cost[t], 0, n);
+        if (j0 == j1 && !(n == 0 && cost[t] >= lo)) continue;  // a keyless task: once
+        const bool whole = j0 == 0 && j1 == n;
+        const int64_t r = 2 * p + (j0 > 0 ? 0 : 1);
+        const State st = record(whole ? own.data() : records.data() + r * state_floats);
+        attend<TK, kDim, kBf16>(a, i, t % kv_heads, j0, j1, w, st);
+        if (whole) {
+          finish(a, t, &st, 1, acc.data());
+        } else {
+          record_task[r] = t;
+        }
       }
     }
   });
+
+  std::vector<State> parts;
+  std::vector<float> acc(dim);
+  for (int64_t r = 0; r < 2 * pieces; ++r) {
+    if (record_task[r] < 0) continue;
+    parts.push_back(record(records.data() + r * state_floats));
+    int64_t next = r + 1;
+    while (next < 2 * pieces && record_task[next] < 0) ++next;
+    if (next == 2 * pieces || record_task[next] != record_task[r]) {  // the task's last part
+      finish(a, record_task[r], parts.data(), static_cast<int64_t>(parts.size()), acc.data());
+      parts.clear();
+    }
+  }
+}
+
+// bf16 keys under bf16 queries: the dots in bf16 pairs (exact products) where the CPU can.
+template <typename TK, int64_t kDim>
+void dispatch_dot(const PagedDecodeArgs& a) {
+  if constexpr (kBf16Dot && std::is_same_v<TK, BF16>) {
+    if (a.dtype == Dtype::bf16) return decode<TK, kDim, true>(a);
+  }
+  decode<TK, kDim, false>(a);
 }
 
 template <typename TK>
 void dispatch_dim(const PagedDecodeArgs& a) {
   switch (a.dim) {
-    case 64: decode<TK, 64>(a); break;
-    case 128: decode<TK, 128>(a); break;
-    case 256: decode<TK, 256>(a); break;
-    default: decode<TK, 0>(a);
+    case 64: dispatch_dot<TK, 64>(a); break;
+    case 128: dispatch_dot<TK, 128>(a); break;
+    case 256: dispatch_dot<TK, 256>(a); break;
+    default: decode<TK, 0, false>(a);
   }
 }
 
