@@ -19,6 +19,8 @@
 
 #include "../vec/pvec.h"
 #include "quant_blocks.h"
+#include "quant_x_int8.h"
+#include "quant_rows_int8.h"
 
 PLUGSERVE_ISA_BEGIN
 namespace {
@@ -28,51 +30,10 @@ using quant::Chunk;
 using quant::kBlock;
 using quant::kChunk;
 
-constexpr int64_t kMaxRows = 16;        // rows of x per pass over the weight
-constexpr int64_t kLane = 4;            // weights per int32 lane of an integer dot product
-constexpr int64_t kPrefetchBytes = 8192;  // see skinny_linear.cpp
-
-// x rounded through int8 per 32-block: quants, the fp16-rounded scale of each 4-weight lane
-// (the scale of its block, repeated) and each block's scale times its quants' sum.
-struct Int8Rows {
-  std::vector<int8_t> q;
-  std::vector<float> lane_scale;  // [M, K / 4]
-  std::vector<float> block_sum;   // [M, K / 32]
-};
-
-template <typename T>
-Int8Rows quantize_rows(const T* x, int64_t x_stride, int64_t M, int64_t K) {
-  Int8Rows r;
-  r.q.resize(M * K);
-  r.lane_scale.resize(M * K / kLane);
-  r.block_sum.resize(M * K / kBlock);
-  for (int64_t m = 0; m < M; ++m) {
-    const T* row = x + m * x_stride;
-    for (int64_t b = 0; b < K / kBlock; ++b) {
-      float v[kBlock];
-      float amax = 0.0f;
-      for (int i = 0; i < kBlock; ++i) {
-        v[i] = to_float(row[b * kBlock + i]);
-        amax = std::max(amax, std::abs(v[i]));
-      }
-      // As reference.quantize_activations_int8: divide by the float32 scale, round half to
-      // even, keep the scale rounded to fp16.
-      const float scale = amax / 127.0f;
-      int8_t* q = r.q.data() + m * K + b * kBlock;
-      int sum = 0;
-      for (int i = 0; i < kBlock; ++i) {
-        const float t = scale > 0.0f ? std::nearbyint(v[i] / scale) : 0.0f;
-        q[i] = static_cast<int8_t>(t);
-        sum += q[i];
-      }
-      const float d = round_to<Half>(scale);
-      for (int64_t l = 0; l < kBlock / kLane; ++l)
-        r.lane_scale[(m * K + b * kBlock) / kLane + l] = d;
-      r.block_sum[m * (K / kBlock) + b] = d * static_cast<float>(sum);
-    }
-  }
-  return r;
-}
+using quant::Int8Rows;
+using quant::kMaxRows;
+using quant::kPrefetchBytes;
+constexpr int64_t kLane = 4;  // weights per int32 lane of an integer dot product
 
 // acc (kWidth float lanes) += the integer dot product of n weights q with x's quants xq,
 // each int32 lane (4 weights) scaled by its weights' scale g16[l / 4] times x_lane[l]. n is a
@@ -401,11 +362,16 @@ void quant_linear_typed(const QuantLinearArgs& a) {
   // matrix but each still streams a long contiguous run.
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(a.w_row_bytes, 1));
   if (a.int8_activations) {
-    const Int8Rows xr = quantize_rows(x, a.x_stride, a.M, a.K);
+    const Int8Rows xr =
+        quant::quantize_rows(x, a.x_stride, a.M, a.K, quant::x_sum_factor(Fmt));
     for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
       const int64_t M = std::min(kMaxRows, a.M - m0);
       at::parallel_for(0, a.N, grain, [&](int64_t begin, int64_t end) {
 #if defined(__AVX2__)
+        if constexpr (quant::has_int8_rows(Fmt)) {
+          quant::rows_int8_fast<Fmt, T>(a, xr, m0, M, begin, end);
+          return;
+        }
         if constexpr (quant::block_elems(Fmt) == kBlock) {
           if (M == 1) {
             rows_int8_one<Fmt, T>(a, xr, m0, begin, end);
