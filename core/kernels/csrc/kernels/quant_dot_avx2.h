@@ -39,7 +39,20 @@ inline void small_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, in
   for (int r = 0; r < R; ++r)
     for (int64_t m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps(), mins[r][m] = _mm_setzero_ps();
   const __m256i shifts = _mm256_set_epi64x(4, 4, 0, 0);
+  const __m256i ones = _mm256_set1_epi16(1), minus_ones = _mm256_set1_epi16(-1);
+  const __m256i offset = _mm256_set1_epi8(static_cast<char>(quant_offset(F)));
   for (int64_t j = 0; j < x.blocks; ++j) {
+    __m256i xv[RM], base[RM];
+    __m128 xs[RM];
+    for (int64_t m = 0; m < M; ++m) {
+      xs[m] = _mm_castsi128_ps(_mm_loadl_epi64(
+          reinterpret_cast<const __m128i*>(x.scale_sum + (m * x.blocks + j) * 2)));
+      xv[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + m * x.K + j * kBlock));
+      // -offset * the sum of each lane's activations: the quants are stored as q + offset
+      base[m] = quant_offset(F) != 0
+                    ? _mm256_madd_epi16(_mm256_maddubs_epi16(offset, xv[m]), minus_ones)
+                    : _mm256_setzero_si256();
+    }
     for (int r = 0; r < R; ++r) {
       const uint8_t* b = row + r * row_bytes + j * bytes;
       const char* ahead = reinterpret_cast<const char*>(b) + kPrefetchBytes;
@@ -49,15 +62,15 @@ inline void small_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, in
       __m256i w = _mm256_and_si256(_mm256_srlv_epi64(t, shifts), _mm256_set1_epi8(0x0F));
       if constexpr (F == QuantFormat::q5_0 || F == QuantFormat::q5_1)
         w = _mm256_or_si256(w, bit4_from_bits_32(load_u32(b + at - 4)));
-      __m128i h = _mm_cvtsi32_si128(static_cast<int>(load_u32(b)));
-      if constexpr (!has_min(F)) h = _mm_shufflelo_epi16(h, _MM_SHUFFLE(0, 0, 0, 0));
-      const __m128 dm = _mm_cvtph_ps(h);  // [d, m or d, ...]
+      // [d, m] (m = 0 without a min)
+      const int bits = static_cast<int>(has_min(F) ? load_u32(b) : load_u32(b) & 0xFFFFu);
+      const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
       for (int64_t m = 0; m < M; ++m) {
-        const __m128 xs = _mm_castsi128_ps(_mm_loadl_epi64(
-            reinterpret_cast<const __m128i*>(x.scale_sum + (m * x.blocks + j) * 2)));
-        const __m128 s = _mm_mul_ps(dm, xs);
-        mins[r][m] = _mm_add_ps(mins[r][m], s);
-        acc[r][m] = fma_dot(w, x.q + m * x.K + j * kBlock, _mm256_broadcastss_ps(s), acc[r][m]);
+        const __m128 s = _mm_mul_ps(dm, xs[m]);
+        if constexpr (has_min(F)) mins[r][m] = _mm_add_ps(mins[r][m], s);
+        const __m256i dot = _mm256_add_epi32(
+            base[m], _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv[m]), ones));
+        acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(s), acc[r][m]);
       }
     }
   }

@@ -17,11 +17,26 @@ PLUGSERVE_ISA_BEGIN
 namespace quant {
 #if defined(CPU_CAPABILITY_AVX512)
 
-inline __m512i dot_u8s8(__m512i w, __m512i x) {
+// base + the int32 dot products of 64 unsigned weights (0..63, or 0..255 with VNNI) with 64
+// int8 activations, four per lane.
+inline __m512i dot_u8s8(__m512i w, __m512i x, __m512i base = _mm512_setzero_si512()) {
 #if defined(__AVX512VNNI__)
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
+  return _mm512_dpbusd_epi32(base, w, x);
 #else
-  return _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1));
+  return _mm512_add_epi32(base, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x),
+                                                  _mm512_set1_epi16(1)));
+#endif
+}
+
+// -offset times the sum of each lane's four activations: the base that makes dot_u8s8 of
+// quants stored as q + offset the exact integer dot product of q.
+inline __m512i minus_offset_dot(int offset, __m512i x) {
+  const __m512i o = _mm512_set1_epi8(static_cast<char>(offset));
+#if defined(__AVX512VNNI__)
+  return _mm512_sub_epi32(_mm512_setzero_si512(),
+                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), o, x));
+#else
+  return _mm512_madd_epi16(_mm512_maddubs_epi16(o, x), _mm512_set1_epi16(-1));
 #endif
 }
 
@@ -39,10 +54,18 @@ inline __m512i nibbles(__m512i t, __m512i shifts) {
   return _mm512_and_si512(_mm512_srlv_epi64(t, shifts), _mm512_set1_epi8(0x0F));
 }
 
-// ---- Q4_0, Q4_1, Q5_0, Q5_1: blocks j and j + 1 (Two) or j alone --------------------------
+// ---- Q4_0, Q4_1, Q5_0, Q5_1 (and Q8_0 with VNNI): blocks j and j + 1 (Two) or j alone -----
 template <QuantFormat F, bool Two>
 inline __m512i small_pair_q(const uint8_t* b) {
   constexpr int64_t at = small_qs_at(F), bytes = block_bytes(F);
+  if constexpr (F == QuantFormat::q8_0) {  // q + 128 as unsigned bytes: q ^ 0x80
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    __m512i t = _mm512_zextsi256_si512(lo);
+    if constexpr (Two)
+      t = _mm512_inserti64x4(
+          t, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + bytes + 2)), 1);
+    return _mm512_xor_si512(t, _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
   __m512i t = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + at)));
   if constexpr (Two)
     t = _mm512_mask_broadcast_i32x4(
@@ -57,10 +80,10 @@ inline __m512i small_pair_q(const uint8_t* b) {
 }
 
 template <QuantFormat F, bool Two>
-inline __m128 small_pair_dm(const uint8_t* b) {  // [d0, c0, d1, c1] (c: m, or d)
+inline __m128 small_pair_dm(const uint8_t* b) {  // [d0, m0, d1, m1] (m = 0 without a min)
   __m128i h = _mm_cvtsi32_si128(static_cast<int>(load_u32(b)));
   if constexpr (Two) h = _mm_insert_epi32(h, static_cast<int>(load_u32(b + block_bytes(F))), 1);
-  if constexpr (!has_min(F)) h = _mm_shufflelo_epi16(h, _MM_SHUFFLE(2, 2, 0, 0));
+  if constexpr (!has_min(F)) h = _mm_and_si128(h, _mm_set1_epi32(0xFFFF));
   return _mm_cvtph_ps(h);
 }
 
@@ -78,6 +101,17 @@ inline void small_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, in
   const __m512i spread = lanes_of8(0, 2);
   auto step = [&](int64_t j, auto two) {
     constexpr bool Two = decltype(two)::value;
+    __m512i xv[RM], base[RM];
+    __m128 xs[RM];
+    for (int64_t m = 0; m < M; ++m) {
+      const float* ss = x.scale_sum + (m * x.blocks + j) * 2;
+      xs[m] = Two ? _mm_loadu_ps(ss)
+                  : _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ss)));
+      const int8_t* xq = x.q + m * x.K + j * kBlock;
+      xv[m] = Two ? _mm512_loadu_si512(xq) : _mm512_maskz_loadu_epi8(0xFFFFFFFFu, xq);
+      base[m] = quant_offset(F) != 0 ? minus_offset_dot(quant_offset(F), xv[m])
+                                     : _mm512_setzero_si512();
+    }
     for (int r = 0; r < R; ++r) {
       const uint8_t* b = row + r * row_bytes + j * bytes;
       const char* ahead = reinterpret_cast<const char*>(b) + kPrefetchBytes;
@@ -85,14 +119,9 @@ inline void small_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, in
       const __m512i w = small_pair_q<F, Two>(b);
       const __m128 dm = small_pair_dm<F, Two>(b);
       for (int64_t m = 0; m < M; ++m) {
-        const float* ss = x.scale_sum + (m * x.blocks + j) * 2;
-        const __m128 xs = Two ? _mm_loadu_ps(ss) : _mm_castsi128_ps(_mm_loadl_epi64(
-                                                       reinterpret_cast<const __m128i*>(ss)));
-        const __m128 s = _mm_mul_ps(dm, xs);
-        mins[r][m] = _mm_add_ps(mins[r][m], s);
-        const int8_t* xq = x.q + m * x.K + j * kBlock;
-        const __m512i xv = Two ? _mm512_loadu_si512(xq) : _mm512_maskz_loadu_epi8(0xFFFFFFFFu, xq);
-        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_u8s8(w, xv)),
+        const __m128 s = _mm_mul_ps(dm, xs[m]);
+        if constexpr (has_min(F)) mins[r][m] = _mm_add_ps(mins[r][m], s);
+        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_u8s8(w, xv[m], base[m])),
                                     _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s)),
                                     acc[r][m]);
       }

@@ -363,7 +363,7 @@ void quant_linear_typed(const QuantLinearArgs& a) {
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(a.w_row_bytes, 1));
   if (a.int8_activations) {
     const Int8Rows xr =
-        quant::quantize_rows(x, a.x_stride, a.M, a.K, quant::x_sum_factor(Fmt));
+        quant::quantize_rows(x, a.x_stride, a.M, a.K);
     for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
       const int64_t M = std::min(kMaxRows, a.M - m0);
       at::parallel_for(0, a.N, grain, [&](int64_t begin, int64_t end) {

@@ -21,14 +21,25 @@ inline uint32_t load_u32(const uint8_t* p) {
   return v;
 }
 
-// Where a small format's 16 bytes of nibbles start in its block (after d, m, qh).
+// Where a small format's quants start in its block (after d, m, qh).
 constexpr int64_t small_qs_at(QuantFormat f) {
   const bool five = f == QuantFormat::q5_0 || f == QuantFormat::q5_1;
   return (has_min(f) ? 4 : 2) + (five ? 4 : 0);
 }
 
+// The formats this path takes. Q8_0 only with VNNI: its quants as unsigned bytes (q + 128)
+// would overflow vpmaddubsw's int16 sums.
+// What the unsigned quants the kernels multiply exceed the format's signed ones by.
+constexpr int quant_offset(QuantFormat f) {
+  return f == QuantFormat::q4_0 ? 8 : f == QuantFormat::q5_0 ? 16 : f == QuantFormat::q8_0 ? 128 : 0;
+}
+
 constexpr bool has_int8_rows(QuantFormat f) {
+#if defined(__AVX512VNNI__)
+  return true;
+#else
   return f != QuantFormat::q8_0;
+#endif
 }
 
 #if defined(__AVX2__)

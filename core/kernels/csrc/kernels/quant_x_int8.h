@@ -4,19 +4,12 @@
 #pragma once
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 PLUGSERVE_ISA_BEGIN
 namespace quant {
-
-// What a row of x contributes, beyond its int8 quants, to a block's dot product with weights
-// q * d + c: d * dx * dot(q, xq) + c * dx * sum(xq). x_sum_factor(F) is the constant c / d
-// the 4- and 5-bit formats without a min apply through the unsigned quants (q - 8, q - 16),
-// 1 for the others (whose c comes from the block).
-constexpr float x_sum_factor(QuantFormat f) {
-  return f == QuantFormat::q4_0 ? -8.0f : f == QuantFormat::q5_0 ? -16.0f : 1.0f;
-}
 
 struct Int8Rows {
   int64_t K = 0;
@@ -24,12 +17,12 @@ struct Int8Rows {
   std::vector<float> lane_scale;   // [M, K / 4]: dx of each 4-weight lane (its block's)
   std::vector<float> block_scale;  // [M, K / 32]: dx, the fp16-rounded scale of the block
   std::vector<float> block_sum;    // [M, K / 32]: dx * sum(xq)
-  std::vector<float> scale_sum;    // [M, K / 32, 2]: dx, x_sum_factor * dx * sum(xq)
+  std::vector<float> scale_sum;    // [M, K / 32, 2]: dx, dx * sum(xq)
   std::vector<float> sum16;        // [M, K / 16]: sum(xq) of each 16 (exact in float)
 };
 
 template <typename T>
-Int8Rows quantize_rows(const T* x, int64_t x_stride, int64_t M, int64_t K, float sum_factor) {
+Int8Rows quantize_rows(const T* x, int64_t x_stride, int64_t M, int64_t K) {
   Int8Rows r;
   const int64_t blocks = K / kBlock;
   r.K = K;
@@ -42,22 +35,29 @@ Int8Rows quantize_rows(const T* x, int64_t x_stride, int64_t M, int64_t K, float
   for (int64_t m = 0; m < M; ++m) {
     const T* row = x + m * x_stride;
     for (int64_t b = 0; b < blocks; ++b) {
-      float v[kBlock];
-      float amax = 0.0f;
-      for (int i = 0; i < kBlock; ++i) {
-        v[i] = vec::to_float(row[b * kBlock + i]);
-        amax = std::max(amax, std::abs(v[i]));
-      }
       // As reference.quantize_activations_int8: divide by the float32 scale, round half to
-      // even, keep the scale rounded to fp16.
-      const float scale = amax / 127.0f;
+      // even, keep the scale rounded to fp16 (in vectors: the division is the exact one).
+      alignas(64) float v[kBlock];
+      vec::F amax_v(0.0f);
+      for (int64_t i = 0; i < kBlock; i += vec::kWidth) {
+        const vec::F t = vec::load(row + b * kBlock + i);
+        t.store(v + i);
+        amax_v = at::vec::maximum(amax_v, t.abs());
+      }
+      const float scale = vec::hmax(amax_v) / 127.0f;
+      if (scale > 0.0f) {
+        const vec::F s(scale);
+        for (int64_t i = 0; i < kBlock; i += vec::kWidth) (vec::F::loadu(v + i) / s).round().store(v + i);
+      } else {
+        std::fill_n(v, kBlock, 0.0f);
+      }
       int8_t* q = r.q.data() + m * K + b * kBlock;
       int sums[2] = {0, 0};
-      for (int i = 0; i < kBlock; ++i) {
-        const float t = scale > 0.0f ? std::nearbyint(v[i] / scale) : 0.0f;
-        q[i] = static_cast<int8_t>(t);
-        sums[i / 16] += q[i];
-      }
+      for (int h = 0; h < 2; ++h)
+        for (int i = 16 * h; i < 16 * h + 16; ++i) {
+          q[i] = static_cast<int8_t>(v[i]);
+          sums[h] += q[i];
+        }
       const float d = vec::round_to<vec::Half>(scale);
       const int64_t mb = m * blocks + b;
       for (int64_t l = 0; l < kBlock / 4; ++l) r.lane_scale[mb * (kBlock / 4) + l] = d;
@@ -65,7 +65,7 @@ Int8Rows quantize_rows(const T* x, int64_t x_stride, int64_t M, int64_t K, float
       r.block_scale[mb] = d;
       r.block_sum[mb] = sum;
       r.scale_sum[2 * mb] = d;
-      r.scale_sum[2 * mb + 1] = sum_factor * sum;
+      r.scale_sum[2 * mb + 1] = sum;
       r.sum16[2 * mb] = static_cast<float>(sums[0]);
       r.sum16[2 * mb + 1] = static_cast<float>(sums[1]);
     }
