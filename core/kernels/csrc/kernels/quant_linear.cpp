@@ -160,7 +160,7 @@ void rows_int8(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t
     }
     for (int64_t m = 0; m < M; ++m) {
       const float y = hsum(F::loadu(acc[m])) + mins[m] + (a.bias != nullptr ? a.bias[n] : 0.0f);
-      out[(m0 + m) * a.N + n] = from_float<TO>(y);
+      out[(m0 + m) * quant::out_stride(a) + n] = from_float<TO>(y);
     }
   }
 }
@@ -223,7 +223,7 @@ void rows_int8_small(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, i
     }
     for (int64_t m = 0; m < M; ++m) {
       const float y = hsum256(acc[m]) + mins[m] + (a.bias != nullptr ? a.bias[n] : 0.0f);
-      out[(m0 + m) * a.N + n] = from_float<TO>(y);
+      out[(m0 + m) * quant::out_stride(a) + n] = from_float<TO>(y);
     }
   }
 }
@@ -268,7 +268,7 @@ void rows_int8_one(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int
     }
     for (int64_t r = 0; r < kRowsAtOnce; ++r) {
       const float y = hsum256(acc[r]) + mins[r] + (a.bias != nullptr ? a.bias[n + r] : 0.0f);
-      out[m0 * a.N + n + r] = from_float<TO>(y);
+      out[m0 * quant::out_stride(a) + n + r] = from_float<TO>(y);
     }
   }
   if (n < n_end) rows_int8_small<Fmt, TO, 1>(a, xr, m0, 1, n, n_end);
@@ -316,7 +316,7 @@ void rows_float_small(const QuantLinearArgs& a, const float* x32, int64_t m0, in
       const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc0[m], acc1[m]),
                                        _mm256_add_ps(acc2[m], acc3[m]));
       const float y = hsum256(sum) + (a.bias != nullptr ? a.bias[n] : 0.0f);
-      out[(m0 + m) * a.N + n] = from_float<TO>(y);
+      out[(m0 + m) * quant::out_stride(a) + n] = from_float<TO>(y);
     }
   }
 }
@@ -342,7 +342,7 @@ void rows_float(const QuantLinearArgs& a, const float* x32, int64_t m0, int64_t 
     }
     for (int64_t m = 0; m < M; ++m) {
       const float y = hsum(F::loadu(acc[m])) + (a.bias != nullptr ? a.bias[n] : 0.0f);
-      out[(m0 + m) * a.N + n] = from_float<TO>(y);
+      out[(m0 + m) * quant::out_stride(a) + n] = from_float<TO>(y);
     }
   }
 }
@@ -355,33 +355,41 @@ std::vector<float> widen(const T* x, int64_t x_stride, int64_t M, int64_t K) {
   return out;
 }
 
+// Rows [begin, end) of the output for rows [m0, m0 + M) of x, int8 activations.
+template <QuantFormat Fmt, typename T>
+void int8_rows(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t M,
+               int64_t begin, int64_t end) {
+#if defined(__AVX2__)
+  if constexpr (quant::has_int8_rows(Fmt)) {
+    quant::rows_int8_fast<Fmt, T>(a, xr, m0, M, begin, end);
+    return;
+  }
+  if constexpr (quant::block_elems(Fmt) == kBlock) {
+    if (M == 1) {
+      rows_int8_one<Fmt, T>(a, xr, m0, begin, end);
+    } else {
+      rows_int8_small<Fmt, T, 0>(a, xr, m0, M, begin, end);
+    }
+    return;
+  }
+#endif
+  rows_int8<Fmt, T>(a, xr, m0, M, begin, end);
+}
+
+// Rows of the weight per task: a few KiB of blocks, so two threads split even a small matrix
+// but each still streams a long contiguous run.
+int64_t grain_rows(int64_t row_bytes) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(row_bytes, 1)); }
+
 template <QuantFormat Fmt, typename T>
 void quant_linear_typed(const QuantLinearArgs& a) {
   const T* x = static_cast<const T*>(a.x);
-  // Rows of the weight per task: a few KiB of blocks, so two threads split even a small
-  // matrix but each still streams a long contiguous run.
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(a.w_row_bytes, 1));
+  const int64_t grain = grain_rows(a.w_row_bytes);
   if (a.int8_activations) {
-    const Int8Rows xr =
-        quant::quantize_rows(x, a.x_stride, a.M, a.K);
+    const Int8Rows xr = quant::quantize_rows(x, a.x_stride, a.M, a.K);
     for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
       const int64_t M = std::min(kMaxRows, a.M - m0);
       at::parallel_for(0, a.N, grain, [&](int64_t begin, int64_t end) {
-#if defined(__AVX2__)
-        if constexpr (quant::has_int8_rows(Fmt)) {
-          quant::rows_int8_fast<Fmt, T>(a, xr, m0, M, begin, end);
-          return;
-        }
-        if constexpr (quant::block_elems(Fmt) == kBlock) {
-          if (M == 1) {
-            rows_int8_one<Fmt, T>(a, xr, m0, begin, end);
-          } else {
-            rows_int8_small<Fmt, T, 0>(a, xr, m0, M, begin, end);
-          }
-          return;
-        }
-#endif
-        rows_int8<Fmt, T>(a, xr, m0, M, begin, end);
+        int8_rows<Fmt, T>(a, xr, m0, M, begin, end);
       });
     }
   } else {
@@ -417,7 +425,48 @@ void quant_linear_typed(const QuantLinearArgs& a) {
   }
 }
 
+template <typename T>
+void quant_linear_parts_typed(const QuantLinearPartsArgs& p) {
+  const QuantLinearArgs& first = p.parts[0];
+  const Int8Rows xr =
+      quant::quantize_rows(static_cast<const T*>(first.x), first.x_stride, first.M, first.K);
+  int64_t rows = 0;
+  for (int64_t i = 0; i < p.count; ++i) rows += p.parts[i].N;
+  for (int64_t m0 = 0; m0 < first.M; m0 += kMaxRows) {
+    const int64_t M = std::min(kMaxRows, first.M - m0);
+    at::parallel_for(0, rows, grain_rows(first.w_row_bytes), [&](int64_t begin, int64_t end) {
+      int64_t start = 0;  // the part's first row among all the parts' rows
+      for (int64_t i = 0; i < p.count; start += p.parts[i].N, ++i) {
+        const int64_t lo = std::max(begin, start), hi = std::min(end, start + p.parts[i].N);
+        if (lo >= hi) continue;
+        quant::with_format(p.parts[i].format, [&](auto fmt) {
+          int8_rows<decltype(fmt)::value, T>(p.parts[i], xr, m0, M, lo - start, hi - start);
+        });
+      }
+    });
+  }
+}
+
 }  // namespace
+
+void quant_linear_parts(const QuantLinearPartsArgs& p) {
+  TORCH_CHECK(p.count > 0, "quant_linear_parts: no parts");
+  const QuantLinearArgs& first = p.parts[0];
+  for (int64_t i = 0; i < p.count; ++i) {
+    const QuantLinearArgs& a = p.parts[i];
+    TORCH_CHECK(a.int8_activations && a.x == first.x && a.M == first.M && a.K == first.K &&
+                    a.dtype == first.dtype,
+                "quant_linear_parts: part ", i, " does not share the first part's x, or has ",
+                "float activations");
+  }
+  TORCH_CHECK(first.K % kBlock == 0, "quant_linear: ", first.K, " columns is not a multiple of 32");
+  if (first.dtype == Dtype::f32) {
+    quant_linear_parts_typed<float>(p);
+  } else {
+    TORCH_CHECK(first.dtype == Dtype::bf16, "quant_linear: float32 or bfloat16 activations only");
+    quant_linear_parts_typed<BF16>(p);
+  }
+}
 
 void quant_linear(const QuantLinearArgs& a) {
   TORCH_CHECK(a.K % kBlock == 0, "quant_linear: ", a.K, " columns is not a multiple of 32");

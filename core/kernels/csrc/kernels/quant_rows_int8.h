@@ -13,6 +13,8 @@ PLUGSERVE_ISA_BEGIN
 namespace quant {
 
 constexpr int64_t kMaxRows = 16;          // rows of x per pass over the weight
+
+inline int64_t out_stride(const QuantLinearArgs& a) { return a.out_stride > 0 ? a.out_stride : a.N; }
 constexpr int64_t kPrefetchBytes = 8192;  // see skinny_linear.cpp
 
 inline uint32_t load_u32(const uint8_t* p) {
@@ -91,7 +93,7 @@ void rows_int8_fast(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, in
   auto store = [&](int64_t n, int64_t rows, const float* y) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t m = 0; m < M; ++m)
-        out[(m0 + m) * a.N + n + r] =
+        out[(m0 + m) * out_stride(a) + n + r] =
             vec::from_float<TO>(y[r * M + m] + (a.bias != nullptr ? a.bias[n + r] : 0.0f));
   };
   float y[4 * kMaxRows];
