@@ -9,10 +9,26 @@
 
 PLUGSERVE_ISA_BEGIN
 namespace quant {
-#if defined(__AVX2__) && !defined(CPU_CAPABILITY_AVX512)
+#if defined(__AVX2__)
+namespace v256 {
 
-inline __m256i dot_u8s8(__m256i w, __m256i x) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+inline __m256i dot_u8s8(__m256i w, __m256i x, __m256i base = _mm256_setzero_si256()) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(base, w, x);
+#else
+  return _mm256_add_epi32(base, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x),
+                                                  _mm256_set1_epi16(1)));
+#endif
+}
+
+inline __m256i minus_offset_dot(int offset, __m256i x) {
+  const __m256i o = _mm256_set1_epi8(static_cast<char>(offset));
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_sub_epi32(_mm256_setzero_si256(),
+                          _mm256_dpbusd_epi32(_mm256_setzero_si256(), o, x));
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(o, x), _mm256_set1_epi16(-1));
+#endif
 }
 
 inline __m256 fma_dot(__m256i w, const int8_t* x, __m256 scale, __m256 acc) {
@@ -39,8 +55,6 @@ inline void small_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, in
   for (int r = 0; r < R; ++r)
     for (int64_t m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps(), mins[r][m] = _mm_setzero_ps();
   const __m256i shifts = _mm256_set_epi64x(4, 4, 0, 0);
-  const __m256i ones = _mm256_set1_epi16(1), minus_ones = _mm256_set1_epi16(-1);
-  const __m256i offset = _mm256_set1_epi8(static_cast<char>(quant_offset(F)));
   for (int64_t j = 0; j < x.blocks; ++j) {
     __m256i xv[RM], base[RM];
     __m128 xs[RM];
@@ -49,17 +63,22 @@ inline void small_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, in
           reinterpret_cast<const __m128i*>(x.scale_sum + (m * x.blocks + j) * 2)));
       xv[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + m * x.K + j * kBlock));
       // -offset * the sum of each lane's activations: the quants are stored as q + offset
-      base[m] = quant_offset(F) != 0
-                    ? _mm256_madd_epi16(_mm256_maddubs_epi16(offset, xv[m]), minus_ones)
-                    : _mm256_setzero_si256();
+      base[m] = quant_offset(F) != 0 ? minus_offset_dot(quant_offset(F), xv[m])
+                                     : _mm256_setzero_si256();
     }
     for (int r = 0; r < R; ++r) {
       const uint8_t* b = row + r * row_bytes + j * bytes;
       const char* ahead = reinterpret_cast<const char*>(b) + kPrefetchBytes;
       if (ahead < stop) vec::prefetch_l2(ahead);
-      const __m256i t = _mm256_broadcastsi128_si256(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + at)));
-      __m256i w = _mm256_and_si256(_mm256_srlv_epi64(t, shifts), _mm256_set1_epi8(0x0F));
+      __m256i w;
+      if constexpr (F == QuantFormat::q8_0) {  // q + 128 as unsigned bytes (VNNI only)
+        w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)),
+                             _mm256_set1_epi8(static_cast<char>(0x80)));
+      } else {
+        const __m256i t = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + at)));
+        w = _mm256_and_si256(_mm256_srlv_epi64(t, shifts), _mm256_set1_epi8(0x0F));
+      }
       if constexpr (F == QuantFormat::q5_0 || F == QuantFormat::q5_1)
         w = _mm256_or_si256(w, bit4_from_bits_32(load_u32(b + at - 4)));
       // [d, m] (m = 0 without a min)
@@ -68,8 +87,7 @@ inline void small_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, in
       for (int64_t m = 0; m < M; ++m) {
         const __m128 s = _mm_mul_ps(dm, xs[m]);
         if constexpr (has_min(F)) mins[r][m] = _mm_add_ps(mins[r][m], s);
-        const __m256i dot = _mm256_add_epi32(
-            base[m], _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv[m]), ones));
+        const __m256i dot = dot_u8s8(w, xv[m], base[m]);
         acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(s), acc[r][m]);
       }
     }
@@ -205,6 +223,7 @@ inline void q6k_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, int6
       y[r * M + m] = hsum8(acc[r][m]) - 32.0f * hsum8(offs[r][m]);
 }
 
+}  // namespace v256
 #endif
 }  // namespace quant
 PLUGSERVE_ISA_END

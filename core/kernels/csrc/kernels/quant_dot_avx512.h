@@ -16,6 +16,7 @@
 PLUGSERVE_ISA_BEGIN
 namespace quant {
 #if defined(CPU_CAPABILITY_AVX512)
+namespace v512 {
 
 // base + the int32 dot products of 64 unsigned weights (0..63, or 0..255 with VNNI) with 64
 // int8 activations, four per lane.
@@ -262,6 +263,7 @@ inline void q6k_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, int6
       y[r * M + m] = _mm512_reduce_add_ps(acc[r][m]) - 32.0f * _mm512_reduce_add_ps(offs[r][m]);
 }
 
+}  // namespace v512
 #endif
 }  // namespace quant
 PLUGSERVE_ISA_END
