@@ -1,7 +1,8 @@
-// The few-row int8 dot products of the 4-, 5- and 6-bit GGML formats on the AVX2 copy
-// (included by quant_rows_int8.h): quant_dot_avx512.h's method, 32 weights per 256-bit
-// register (one 32-block, or a sub-block of a K-quant superblock) multiplied with vpmaddubsw
-// + vpmaddwd (unsigned quants times x's int8 quants: no sign trick).
+// The few-row int8 dot products of the GGML formats on the AVX2 copy
+// (included by quant_rows_int8.h; Q8_0 on the AVX-512 copies too): quant_dot_avx512.h's
+// method, 32 weights per 256-bit register (one 32-block, or a sub-block of a K-quant
+// superblock) multiplied with vpmaddubsw + vpmaddwd, or vpdpbusd with AVX512-VNNI (unsigned
+// quants times x's int8 quants; Q8_0 without VNNI with the sign trick).
 #pragma once
 
 #include <cstdint>
@@ -71,9 +72,9 @@ inline void small_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, in
       const char* ahead = reinterpret_cast<const char*>(b) + kPrefetchBytes;
       if (ahead < stop) vec::prefetch_l2(ahead);
       __m256i w;
-      if constexpr (F == QuantFormat::q8_0) {  // q + 128 as unsigned bytes (VNNI only)
-        w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)),
-                             _mm256_set1_epi8(static_cast<char>(0x80)));
+      if constexpr (F == QuantFormat::q8_0) {  // q + 128 as unsigned bytes with VNNI, else q
+        w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+        if constexpr (kVnni) w = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
       } else {
         const __m256i t = _mm256_broadcastsi128_si256(
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + at)));
@@ -87,7 +88,12 @@ inline void small_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, in
       for (int64_t m = 0; m < M; ++m) {
         const __m128 s = _mm_mul_ps(dm, xs[m]);
         if constexpr (has_min(F)) mins[r][m] = _mm_add_ps(mins[r][m], s);
-        const __m256i dot = dot_u8s8(w, xv[m], base[m]);
+        const __m256i dot =
+            F == QuantFormat::q8_0 && !kVnni  // the sign trick: |w| times x with w's sign
+                ? _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w),
+                                                         _mm256_sign_epi8(xv[m], w)),
+                                    _mm256_set1_epi16(1))
+                : dot_u8s8(w, xv[m], base[m]);
         acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(s), acc[r][m]);
       }
     }

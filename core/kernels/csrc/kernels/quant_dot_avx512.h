@@ -180,8 +180,9 @@ inline void k4_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, int64
         __m512i w = nibbles(_mm512_broadcast_i64x4(_mm256_loadu_si256(
                                 reinterpret_cast<const __m256i*>(qs + 32 * part))), halves);
         if constexpr (F == QuantFormat::q5_k) {
-          const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * part))),
-                                                 _mm256_set1_epi8(static_cast<char>(2 << (2 * part))), 1);
+          const __m512i bit =  // the part's fifth bits: 2 * part (low nibbles), 2 * part + 1
+              _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * part))),
+                                 _mm256_set1_epi8(static_cast<char>(2 << (2 * part))), 1);
           w = _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(qh, bit), w, _mm512_set1_epi8(0x10));
         }
         const __m512i spread = lanes_of8(2 * part, 2 * part + 1);

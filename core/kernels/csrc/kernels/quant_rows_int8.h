@@ -14,7 +14,9 @@ namespace quant {
 
 constexpr int64_t kMaxRows = 16;          // rows of x per pass over the weight
 
-inline int64_t out_stride(const QuantLinearArgs& a) { return a.out_stride > 0 ? a.out_stride : a.N; }
+inline int64_t out_stride(const QuantLinearArgs& a) {
+  return a.out_stride > 0 ? a.out_stride : a.N;
+}
 constexpr int64_t kPrefetchBytes = 8192;  // see skinny_linear.cpp
 
 inline uint32_t load_u32(const uint8_t* p) {
@@ -31,17 +33,20 @@ constexpr int64_t small_qs_at(QuantFormat f) {
 
 // The formats this path takes. Q8_0 only with VNNI: its quants as unsigned bytes (q + 128)
 // would overflow vpmaddubsw's int16 sums.
-// What the unsigned quants the kernels multiply exceed the format's signed ones by.
-constexpr int quant_offset(QuantFormat f) {
-  return f == QuantFormat::q4_0 ? 8 : f == QuantFormat::q5_0 ? 16 : f == QuantFormat::q8_0 ? 128 : 0;
-}
-
-constexpr bool has_int8_rows(QuantFormat f) {
 #if defined(__AVX512VNNI__)
-  return true;
+constexpr bool kVnni = true;
 #else
-  return f != QuantFormat::q8_0;
+constexpr bool kVnni = false;
 #endif
+
+// What the unsigned quants the kernels multiply exceed the format's signed ones by. Q8_0's
+// only with VNNI (q + 128 would overflow vpmaddubsw's int16 sums): else its signed quants
+// multiply with the sign trick.
+constexpr int quant_offset(QuantFormat f) {
+  return f == QuantFormat::q4_0   ? 8
+         : f == QuantFormat::q5_0 ? 16
+         : f == QuantFormat::q8_0 ? (kVnni ? 128 : 0)
+                                  : 0;
 }
 
 #if defined(__AVX2__)

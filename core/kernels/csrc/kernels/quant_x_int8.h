@@ -47,7 +47,8 @@ Int8Rows quantize_rows(const T* x, int64_t x_stride, int64_t M, int64_t K) {
       const float scale = vec::hmax(amax_v) / 127.0f;
       if (scale > 0.0f) {
         const vec::F s(scale);
-        for (int64_t i = 0; i < kBlock; i += vec::kWidth) (vec::F::loadu(v + i) / s).round().store(v + i);
+        for (int64_t i = 0; i < kBlock; i += vec::kWidth)
+          (vec::F::loadu(v + i) / s).round().store(v + i);
       } else {
         std::fill_n(v, kBlock, 0.0f);
       }
