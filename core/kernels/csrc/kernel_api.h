@@ -203,6 +203,16 @@ struct QuantLinearArgs {
   QuantFormat format;
   Dtype dtype;
   bool int8_activations;
+  int64_t out_stride = 0;  // elements from one row of out to the next; 0: N
+};
+
+// Several quantized weights sharing x (the parts of a projection stacked along the outputs),
+// each QuantLinearArgs with its own w, bias, N, format and out (its first column of a shared
+// output, out_stride apart): x is rounded to int8 once and the parts' rows split between the
+// threads in one pass. int8 activations, the same x, M, K and dtype in every part.
+struct QuantLinearPartsArgs {
+  const QuantLinearArgs* parts;
+  int64_t count;
 };
 
 // out [rows, K] (`dtype`: f32 or bf16) = the rows of `format` blocks at w dequantized.
@@ -271,6 +281,7 @@ struct DenseAmxArgs {
   X(void, row_argmax, (const RowArgmaxArgs& args))             \
   X(void, store_rows, (const StoreRowsArgs& args))             \
   X(void, quant_linear, (const QuantLinearArgs& args))         \
+  X(void, quant_linear_parts, (const QuantLinearPartsArgs& args)) \
   X(void, quant_dequantize, (const QuantDequantizeArgs& args))  \
   X(void, quant_activations, (const QuantActivationsArgs& args)) \
   X(bool, quant_gemm_amx, (const QuantGemmArgs& args))         \

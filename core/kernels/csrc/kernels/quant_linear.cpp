@@ -2,16 +2,23 @@
 // decode step's linears over a quantized model (the many-row path is quant_gemm.cpp).
 //
 // Each thread streams its contiguous share of weight rows once (prefetching ahead into L2, as
-// skinny_linear.cpp does), decodes each chunk of 256 weights into int8 quants with per-16
-// scales and per-32 constants (quant_blocks.h) while it sits in L1, and multiplies it by every
-// row of x:
+// skinny_linear.cpp does) and multiplies it by every row of x:
 // - int8 activations (llama.cpp's scheme): x is rounded per 32-block to int8 once per call
-//   (scale max|x| / 127, kept as fp16); the products are integer dot products, 4 weights per
-//   int32 lane (AVX512-VNNI vpdpbusd, else vpmaddubsw + vpmaddwd on AVX-512 and AVX2 with the
-//   sign trick: |w| times x with w's sign), scaled per lane by the weight's and x's scales in
-//   float32; the per-32 constants (Q4_1, Q5_1, Q4_K, Q5_K mins) multiply the x block's sum.
+//   (scale max|x| / 127, kept as fp16; quant_x_int8.h); the products are integer dot
+//   products, 4 weights per int32 lane. The copies with AVX2 take quant_rows_int8.h: blocks
+//   unpacked in registers into unsigned quants multiplied by x's int8 quants directly,
+//   offsets and mins from x's per-block sums, 64 weights per register on AVX-512 (its
+//   header has the method; Q8_0 without VNNI: signed, the sign trick). Measured
+//   on a 2-core Xeon (AVX-512 VNNI, the avx512_bf16 copy), batch 1, weights streamed from
+//   memory, against the former decode-to-L1 / sign-trick code (x the dense fp32 kernel's
+//   time, benchmarks/quant_linear_speed.py): Q4_1 1536x576 3.25 -> 3.88, Q4_K 576x1536
+//   2.32 -> 4.02, Q6_K 2.07 -> 3.06. The scalar copy decodes each chunk of 256 weights into
+//   int8 quants with per-16 scales and per-32 constants (quant_blocks.h) while it sits in
+//   L1, scaled per lane in float32; the per-32 constants multiply the x block's sum.
 // - float activations: the chunk is widened to float32 (q * scale + constant) and multiplied
 //   in float32 FMAs.
+// quant_linear_parts runs several weights sharing x (a projection's parts in different
+// formats) in one pass: x rounded once, one parallel_for over all their rows.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -19,6 +26,8 @@
 
 #include "../vec/pvec.h"
 #include "quant_blocks.h"
+#include "quant_x_int8.h"
+#include "quant_rows_int8.h"
 
 PLUGSERVE_ISA_BEGIN
 namespace {
@@ -28,114 +37,25 @@ using quant::Chunk;
 using quant::kBlock;
 using quant::kChunk;
 
-constexpr int64_t kMaxRows = 16;        // rows of x per pass over the weight
-constexpr int64_t kLane = 4;            // weights per int32 lane of an integer dot product
-constexpr int64_t kPrefetchBytes = 8192;  // see skinny_linear.cpp
+using quant::Int8Rows;
+using quant::kMaxRows;
+using quant::kPrefetchBytes;
+constexpr int64_t kLane = 4;  // weights per int32 lane of an integer dot product
 
-// x rounded through int8 per 32-block: quants, the fp16-rounded scale of each 4-weight lane
-// (the scale of its block, repeated) and each block's scale times its quants' sum.
-struct Int8Rows {
-  std::vector<int8_t> q;
-  std::vector<float> lane_scale;  // [M, K / 4]
-  std::vector<float> block_sum;   // [M, K / 32]
-};
-
-template <typename T>
-Int8Rows quantize_rows(const T* x, int64_t x_stride, int64_t M, int64_t K) {
-  Int8Rows r;
-  r.q.resize(M * K);
-  r.lane_scale.resize(M * K / kLane);
-  r.block_sum.resize(M * K / kBlock);
-  for (int64_t m = 0; m < M; ++m) {
-    const T* row = x + m * x_stride;
-    for (int64_t b = 0; b < K / kBlock; ++b) {
-      float v[kBlock];
-      float amax = 0.0f;
-      for (int i = 0; i < kBlock; ++i) {
-        v[i] = to_float(row[b * kBlock + i]);
-        amax = std::max(amax, std::abs(v[i]));
-      }
-      // As reference.quantize_activations_int8: divide by the float32 scale, round half to
-      // even, keep the scale rounded to fp16.
-      const float scale = amax / 127.0f;
-      int8_t* q = r.q.data() + m * K + b * kBlock;
-      int sum = 0;
-      for (int i = 0; i < kBlock; ++i) {
-        const float t = scale > 0.0f ? std::nearbyint(v[i] / scale) : 0.0f;
-        q[i] = static_cast<int8_t>(t);
-        sum += q[i];
-      }
-      const float d = round_to<Half>(scale);
-      for (int64_t l = 0; l < kBlock / kLane; ++l)
-        r.lane_scale[(m * K + b * kBlock) / kLane + l] = d;
-      r.block_sum[m * (K / kBlock) + b] = d * static_cast<float>(sum);
-    }
-  }
-  return r;
-}
-
+#if !defined(__AVX2__)
 // acc (kWidth float lanes) += the integer dot product of n weights q with x's quants xq,
-// each int32 lane (4 weights) scaled by its weights' scale g16[l / 4] times x_lane[l]. n is a
-// multiple of 32.
+// each 4-weight lane l scaled by its weights' scale g16[l / 4] times x_lane[l] (the scalar
+// copy's int8 path; the others take quant_rows_int8.h).
 inline void dot_int8(const int8_t* __restrict q, const int8_t* __restrict xq,
                      const float* __restrict g16, const float* __restrict x_lane, int64_t n,
                      float* __restrict acc) {
-#if defined(CPU_CAPABILITY_AVX512)
-  __m512 a = _mm512_loadu_ps(acc);
-  const __m512i zero = _mm512_setzero_si512();
-  for (int64_t k = 0; k < n; k += 64) {
-    const bool whole = n - k >= 64;
-    const __mmask64 bytes = whole ? ~__mmask64{0} : __mmask64{0xFFFFFFFFu};
-    const __mmask16 lanes = whole ? __mmask16(0xFFFF) : __mmask16(0x00FF);
-    // lanes 4i..4i+3 hold weights 16i..16i+15: scale g16[k / 16 + i]. Read one float at a
-    // time: the decoder has just stored them one at a time, and a 16-byte load of four such
-    // stores waits for them to reach the cache.
-    const float* g = g16 + k / 16;
-    const __m128 g4 = whole ? _mm_setr_ps(g[0], g[1], g[2], g[3]) : _mm_setr_ps(g[0], g[1], 0, 0);
-    const __m512 w_scale = _mm512_permutexvar_ps(
-        _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-        _mm512_castps128_ps512(g4));
-    // The decoder stored q 32 bytes at a time: two 32-byte loads forward from those stores
-    // (one 64-byte load would wait for them to reach the cache).
-    const __m256i w_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k));
-    const __m256i w_hi = whole ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k + 32))
-                               : _mm256_setzero_si256();
-    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w_lo), w_hi, 1);
-    const __m512i xv = _mm512_maskz_loadu_epi8(bytes, xq + k);
-    const __m512i aw = _mm512_abs_epi8(w);
-    const __m512i sx = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(w), zero, xv);
-#if defined(__AVX512VNNI__)
-    const __m512i dot = _mm512_dpbusd_epi32(zero, aw, sx);
-#else
-    const __m512i dot = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), _mm512_set1_epi16(1));
-#endif
-    const __m512 scale = _mm512_mul_ps(w_scale, _mm512_maskz_loadu_ps(lanes, x_lane + k / kLane));
-    a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, a);
-  }
-  _mm512_storeu_ps(acc, a);
-#elif defined(CPU_CAPABILITY_AVX2)
-  __m256 a = _mm256_loadu_ps(acc);
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t k = 0; k < n; k += 32) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k));
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k));
-    const __m256i dot = _mm256_madd_epi16(
-        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w)), ones);
-    const __m256 w_scale =
-        _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(g16 + k / 16)),
-                             _mm_broadcast_ss(g16 + k / 16 + 1), 1);
-    const __m256 scale = _mm256_mul_ps(w_scale, _mm256_loadu_ps(x_lane + k / kLane));
-    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, a);
-  }
-  _mm256_storeu_ps(acc, a);
-#else
   for (int64_t l = 0; l < n / kLane; ++l) {
     int32_t s = 0;
     for (int64_t i = 0; i < kLane; ++i) s += int32_t{q[l * kLane + i]} * xq[l * kLane + i];
     acc[l % kWidth] += static_cast<float>(s) * (g16[l / 4] * x_lane[l]);
   }
-#endif
 }
+#endif
 
 // acc += x[0..n) * wf[0..n) in float32 (n a multiple of 32).
 inline void dot_float(const float* __restrict x, const float* __restrict wf, int64_t n,
@@ -169,6 +89,7 @@ inline void decode_chunk_prefetched(const uint8_t* row, int64_t k0, int64_t len,
   quant::decode_chunk<Fmt>(row, k0, len, c);
 }
 
+#if !defined(__AVX2__)
 // One thread's rows [n_begin, n_end) of the output, for M <= kMaxRows rows of x.
 template <QuantFormat Fmt, typename TO>
 void rows_int8(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t M,
@@ -199,118 +120,18 @@ void rows_int8(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t
     }
     for (int64_t m = 0; m < M; ++m) {
       const float y = hsum(F::loadu(acc[m])) + mins[m] + (a.bias != nullptr ? a.bias[n] : 0.0f);
-      out[(m0 + m) * a.N + n] = from_float<TO>(y);
+      out[(m0 + m) * quant::out_stride(a) + n] = from_float<TO>(y);
     }
   }
 }
+#endif
 
 #if defined(__AVX2__)
-// The int32 dot products of a block's 32 quants w (|w| in aw) with x's quants xv, 4 weights
-// per lane: VNNI's vpdpbusd, else vpmaddubsw + vpmaddwd, with x taking w's sign.
-inline __m256i block_dot(__m256i w, __m256i aw, __m256i xv) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xv, w));
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)),
-                           _mm256_set1_epi16(1));
-#endif
-}
-
 inline float hsum256(__m256 acc) {
   __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   v = _mm_add_ps(v, _mm_movehl_ps(v, v));
   v = _mm_add_ss(v, _mm_movehdup_ps(v));
   return _mm_cvtss_f32(v);
-}
-
-// The int8 path of the 32-block formats with the copies that have AVX2: each block is unpacked
-// in a register and multiplied at once (no trip through L1). MR: the rows of x when known at
-// compile time (1: the decode step), else 0 and M of them.
-template <QuantFormat Fmt, typename TO, int MR>
-void rows_int8_small(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t M_rt,
-                     int64_t n_begin, int64_t n_end) {
-  const int64_t M = MR > 0 ? MR : M_rt;
-  const int64_t K = a.K, blocks = K / kBlock;
-  constexpr int64_t bytes = quant::block_bytes(Fmt);
-  const char* stop = reinterpret_cast<const char*>(a.w + n_end * a.w_row_bytes);
-  TO* out = static_cast<TO*>(a.out);
-  for (int64_t n = n_begin; n < n_end; ++n) {
-    const uint8_t* row = a.w + n * a.w_row_bytes;
-    __m256 acc[MR > 0 ? MR : kMaxRows];
-    float mins[MR > 0 ? MR : kMaxRows];
-    for (int64_t m = 0; m < M; ++m) {
-      acc[m] = _mm256_setzero_ps();
-      mins[m] = 0.0f;
-    }
-    for (int64_t j = 0; j < blocks; ++j) {
-      const uint8_t* b = row + j * bytes;
-      const char* ahead = reinterpret_cast<const char*>(b) + kPrefetchBytes;
-      if (ahead < stop) prefetch_l2(ahead);
-      const float d = quant::half_at(b);
-      const float constant = quant::has_min(Fmt) ? quant::half_at(b + 2) : 0.0f;
-      const __m256i w = quant::small_block_q<Fmt>(b);
-      const __m256i aw = _mm256_sign_epi8(w, w);
-      for (int64_t m = 0; m < M; ++m) {
-        const int64_t xm = (m0 + m) * K + j * kBlock;
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&xr.q[xm]));
-        const __m256i dot = block_dot(w, aw, xv);
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                                 _mm256_set1_ps(d * xr.lane_scale[xm / kLane]), acc[m]);
-        if constexpr (quant::has_min(Fmt))
-          mins[m] += constant * xr.block_sum[xm / kBlock];
-      }
-    }
-    for (int64_t m = 0; m < M; ++m) {
-      const float y = hsum256(acc[m]) + mins[m] + (a.bias != nullptr ? a.bias[n] : 0.0f);
-      out[(m0 + m) * a.N + n] = from_float<TO>(y);
-    }
-  }
-}
-
-// rows_int8_small for one row of x, four weight rows at a time: four independent
-// accumulator chains (one chain waits on its FMA's latency every block) and four streams
-// of blocks in flight.
-template <QuantFormat Fmt, typename TO>
-void rows_int8_one(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t n_begin,
-                   int64_t n_end) {
-  constexpr int64_t kRowsAtOnce = 4;
-  const int64_t K = a.K, blocks = K / kBlock;
-  constexpr int64_t bytes = quant::block_bytes(Fmt);
-  const char* stop = reinterpret_cast<const char*>(a.w + n_end * a.w_row_bytes);
-  TO* out = static_cast<TO*>(a.out);
-  const int8_t* xq = xr.q.data() + m0 * K;
-  const float* x_lane = xr.lane_scale.data() + m0 * K / kLane;
-  const float* x_sum = xr.block_sum.data() + m0 * blocks;
-  int64_t n = n_begin;
-  for (; n + kRowsAtOnce <= n_end; n += kRowsAtOnce) {
-    const uint8_t* row = a.w + n * a.w_row_bytes;
-    __m256 acc[kRowsAtOnce];
-    float mins[kRowsAtOnce];
-    for (int64_t r = 0; r < kRowsAtOnce; ++r) {
-      acc[r] = _mm256_setzero_ps();
-      mins[r] = 0.0f;
-    }
-    for (int64_t j = 0; j < blocks; ++j) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + j * kBlock));
-      const float xs = x_lane[j * kBlock / kLane];
-      for (int64_t r = 0; r < kRowsAtOnce; ++r) {
-        const uint8_t* b = row + r * a.w_row_bytes + j * bytes;
-        const char* ahead = reinterpret_cast<const char*>(b) + kPrefetchBytes;
-        if (ahead < stop) prefetch_l2(ahead);
-        const __m256i w = quant::small_block_q<Fmt>(b);
-        const __m256i aw = _mm256_sign_epi8(w, w);
-        const __m256i dot = block_dot(w, aw, xv);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                                 _mm256_set1_ps(quant::half_at(b) * xs), acc[r]);
-        if constexpr (quant::has_min(Fmt)) mins[r] += quant::half_at(b + 2) * x_sum[j];
-      }
-    }
-    for (int64_t r = 0; r < kRowsAtOnce; ++r) {
-      const float y = hsum256(acc[r]) + mins[r] + (a.bias != nullptr ? a.bias[n + r] : 0.0f);
-      out[m0 * a.N + n + r] = from_float<TO>(y);
-    }
-  }
-  if (n < n_end) rows_int8_small<Fmt, TO, 1>(a, xr, m0, 1, n, n_end);
 }
 
 // The float path of the 32-block formats with the copies that have AVX2: each block widened
@@ -355,7 +176,7 @@ void rows_float_small(const QuantLinearArgs& a, const float* x32, int64_t m0, in
       const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc0[m], acc1[m]),
                                        _mm256_add_ps(acc2[m], acc3[m]));
       const float y = hsum256(sum) + (a.bias != nullptr ? a.bias[n] : 0.0f);
-      out[(m0 + m) * a.N + n] = from_float<TO>(y);
+      out[(m0 + m) * quant::out_stride(a) + n] = from_float<TO>(y);
     }
   }
 }
@@ -381,7 +202,7 @@ void rows_float(const QuantLinearArgs& a, const float* x32, int64_t m0, int64_t 
     }
     for (int64_t m = 0; m < M; ++m) {
       const float y = hsum(F::loadu(acc[m])) + (a.bias != nullptr ? a.bias[n] : 0.0f);
-      out[(m0 + m) * a.N + n] = from_float<TO>(y);
+      out[(m0 + m) * quant::out_stride(a) + n] = from_float<TO>(y);
     }
   }
 }
@@ -394,28 +215,33 @@ std::vector<float> widen(const T* x, int64_t x_stride, int64_t M, int64_t K) {
   return out;
 }
 
+// Rows [begin, end) of the output for rows [m0, m0 + M) of x, int8 activations.
+template <QuantFormat Fmt, typename T>
+void int8_rows(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t M,
+               int64_t begin, int64_t end) {
+#if defined(__AVX2__)
+  quant::rows_int8_fast<Fmt, T>(a, xr, m0, M, begin, end);
+#else
+  rows_int8<Fmt, T>(a, xr, m0, M, begin, end);
+#endif
+}
+
+// Rows of the weight per task: a few KiB of blocks, so two threads split even a small matrix
+// but each still streams a long contiguous run.
+int64_t grain_rows(int64_t row_bytes) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(row_bytes, 1));
+}
+
 template <QuantFormat Fmt, typename T>
 void quant_linear_typed(const QuantLinearArgs& a) {
   const T* x = static_cast<const T*>(a.x);
-  // Rows of the weight per task: a few KiB of blocks, so two threads split even a small
-  // matrix but each still streams a long contiguous run.
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(a.w_row_bytes, 1));
+  const int64_t grain = grain_rows(a.w_row_bytes);
   if (a.int8_activations) {
-    const Int8Rows xr = quantize_rows(x, a.x_stride, a.M, a.K);
+    const Int8Rows xr = quant::quantize_rows(x, a.x_stride, a.M, a.K);
     for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
       const int64_t M = std::min(kMaxRows, a.M - m0);
       at::parallel_for(0, a.N, grain, [&](int64_t begin, int64_t end) {
-#if defined(__AVX2__)
-        if constexpr (quant::block_elems(Fmt) == kBlock) {
-          if (M == 1) {
-            rows_int8_one<Fmt, T>(a, xr, m0, begin, end);
-          } else {
-            rows_int8_small<Fmt, T, 0>(a, xr, m0, M, begin, end);
-          }
-          return;
-        }
-#endif
-        rows_int8<Fmt, T>(a, xr, m0, M, begin, end);
+        int8_rows<Fmt, T>(a, xr, m0, M, begin, end);
       });
     }
   } else {
@@ -451,7 +277,48 @@ void quant_linear_typed(const QuantLinearArgs& a) {
   }
 }
 
+template <typename T>
+void quant_linear_parts_typed(const QuantLinearPartsArgs& p) {
+  const QuantLinearArgs& first = p.parts[0];
+  const Int8Rows xr =
+      quant::quantize_rows(static_cast<const T*>(first.x), first.x_stride, first.M, first.K);
+  int64_t rows = 0;
+  for (int64_t i = 0; i < p.count; ++i) rows += p.parts[i].N;
+  for (int64_t m0 = 0; m0 < first.M; m0 += kMaxRows) {
+    const int64_t M = std::min(kMaxRows, first.M - m0);
+    at::parallel_for(0, rows, grain_rows(first.w_row_bytes), [&](int64_t begin, int64_t end) {
+      int64_t start = 0;  // the part's first row among all the parts' rows
+      for (int64_t i = 0; i < p.count; start += p.parts[i].N, ++i) {
+        const int64_t lo = std::max(begin, start), hi = std::min(end, start + p.parts[i].N);
+        if (lo >= hi) continue;
+        quant::with_format(p.parts[i].format, [&](auto fmt) {
+          int8_rows<decltype(fmt)::value, T>(p.parts[i], xr, m0, M, lo - start, hi - start);
+        });
+      }
+    });
+  }
+}
+
 }  // namespace
+
+void quant_linear_parts(const QuantLinearPartsArgs& p) {
+  TORCH_CHECK(p.count > 0, "quant_linear_parts: no parts");
+  const QuantLinearArgs& first = p.parts[0];
+  for (int64_t i = 0; i < p.count; ++i) {
+    const QuantLinearArgs& a = p.parts[i];
+    TORCH_CHECK(a.int8_activations && a.x == first.x && a.M == first.M && a.K == first.K &&
+                    a.dtype == first.dtype,
+                "quant_linear_parts: part ", i, " does not share the first part's x, or has ",
+                "float activations");
+  }
+  TORCH_CHECK(first.K % kBlock == 0, "quant_linear: ", first.K, " columns is not a multiple of 32");
+  if (first.dtype == Dtype::f32) {
+    quant_linear_parts_typed<float>(p);
+  } else {
+    TORCH_CHECK(first.dtype == Dtype::bf16, "quant_linear: float32 or bfloat16 activations only");
+    quant_linear_parts_typed<BF16>(p);
+  }
+}
 
 void quant_linear(const QuantLinearArgs& a) {
   TORCH_CHECK(a.K % kBlock == 0, "quant_linear: ", a.K, " columns is not a multiple of 32");

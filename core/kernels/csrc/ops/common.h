@@ -81,6 +81,11 @@ void skinny_linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tens
 // of `format` (q8_0, q4_0, ...; ops/quant_linear.cpp), x float32 or bfloat16.
 at::Tensor quant_linear(at::Tensor x, at::Tensor w, const std::string& format,
                         const std::optional<at::Tensor>& bias, bool int8_activations);
+// The same for weights w[i] of formats[i] sharing x, stacked along the outputs (one [M, sum
+// of their rows] output, one bias for all), with int8 activations: x rounded once, one pass.
+at::Tensor quant_linear_parts(at::Tensor x, const std::vector<at::Tensor>& w,
+                              const std::vector<std::string>& formats,
+                              const std::optional<at::Tensor>& bias);
 
 // The elementwise kernels on tensors the caller checked (ops/elementwise.cpp).
 void rms_norm_into(const at::Tensor& x, const at::Tensor& w, double eps, bool unit_offset,

@@ -73,6 +73,8 @@ at::Tensor linear(const at::Tensor& x, const Tensors& w, const Strings& formats,
   const bool has_bias = bias.has_value() && bias->defined();
   TORCH_CHECK(!has_bias || bias->numel() == outputs, what, ": bias has ", bias->numel(),
               " values for ", outputs, " outputs");
+  // The same values as part by part (each output row is computed alone), in one pass.
+  if (int8_activations) return quant_linear_parts(x, w, formats, bias);
   Tensors outs;
   int64_t row = 0;
   for (size_t i = 0; i < w.size(); ++i) {  // as plugserve.model.quant_weight.quant_matmul

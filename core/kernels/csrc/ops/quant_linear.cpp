@@ -7,6 +7,7 @@
 #include <ATen/ops/mm.h>
 
 #include <string>
+#include <vector>
 
 #include "common.h"
 
@@ -200,6 +201,46 @@ at::Tensor quant_linear(at::Tensor x, at::Tensor w, const std::string& format,
   a.dtype = float_dtype(x, "quant_linear");
   a.int8_activations = int8_activations;
   kernels().quant_linear(a);
+  return out;
+}
+
+at::Tensor quant_linear_parts(at::Tensor x, const std::vector<at::Tensor>& w,
+                              const std::vector<std::string>& formats,
+                              const std::optional<at::Tensor>& bias) {
+  x = checked_x(x, "quant_linear");
+  std::vector<at::Tensor> blocks;
+  int64_t outputs = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    blocks.push_back(checked_blocks(w[i], format_of(formats[i]), formats[i], x.size(1),
+                                    "quant_linear"));
+    outputs += blocks.back().size(0);
+  }
+  const auto bias32 = bias_as_float(bias, outputs, "quant_linear");
+  auto out = at::empty({x.size(0), outputs}, x.options());
+  if (x.size(0) == 0 || outputs == 0) return out;
+  std::vector<QuantLinearArgs> parts;
+  int64_t row = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const int64_t rows = blocks[i].size(0);
+    if (rows == 0) continue;
+    QuantLinearArgs a{};
+    a.x = x.data_ptr();
+    a.x_stride = x.stride(0);
+    a.w = blocks[i].data_ptr<uint8_t>();
+    a.w_row_bytes = blocks[i].size(1);
+    a.bias = bias32.defined() ? bias32.data_ptr<float>() + row : nullptr;
+    a.out = static_cast<char*>(out.data_ptr()) + row * out.element_size();
+    a.M = x.size(0);
+    a.K = x.size(1);
+    a.N = rows;
+    a.format = format_of(formats[i]);
+    a.dtype = float_dtype(x, "quant_linear");
+    a.int8_activations = true;
+    a.out_stride = outputs;
+    parts.push_back(a);
+    row += rows;
+  }
+  kernels().quant_linear_parts({parts.data(), static_cast<int64_t>(parts.size())});
   return out;
 }
 
