@@ -251,8 +251,11 @@ def _start_engine(config: Any, options: list[str], log_level: str, engine_proces
         except RuntimeError as exc:
             raise UsageError(str(exc)) from None
     from plugserve.engine import Engine
+    from plugserve.model.batch_packs import make_batch_packs
 
-    return Engine(config, plugins=tuple(options))
+    engine = Engine(config, plugins=tuple(options))
+    make_batch_packs(engine.model)
+    return engine
 
 
 def _server_class(uvicorn: Any) -> Any:

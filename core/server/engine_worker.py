@@ -182,8 +182,10 @@ def worker_main(conn: Any, config: Any, plugins: tuple[str, ...], parent_pid: in
     outbox = Outbox(conn)
     try:
         from plugserve.engine import Engine
+        from plugserve.model.batch_packs import make_batch_packs
 
         engine = Engine(config, plugins=plugins)
+        make_batch_packs(engine.model)
     except BaseException as exc:
         outbox.send(("failed", f"{type(exc).__name__}: {exc}"))
         return

@@ -1,0 +1,57 @@
+"""The server's start packs the weights for the batch linears, so no request waits on them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from plugserve.engine import Engine
+from plugserve.kernels import build
+from plugserve.kernels import panel_gemm as panel
+from plugserve.model.batch_packs import make_batch_packs
+from plugserve.model.layers import Linear
+from plugserve.sampling import SamplingParams
+from plugserve.testing.tiny_models import make_tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny_llama"), arch="llama", seed=0)
+
+
+def _packs() -> dict[int, int]:
+    """The panel GEMM's cached packs: weight id -> id of its pack."""
+    return {key: id(entry[2]) for key, entry in panel._packs.items()}
+
+
+def test_float32_weights_are_packed_before_the_first_batch(tiny_llama: Path) -> None:
+    if build.library() is None:
+        pytest.skip(f"the CPU kernels are unavailable: {build.unavailable_reason()}")
+    engine = Engine(model=str(tiny_llama), dtype="float32", mem_check=1, check_pages=True)
+    try:
+        model = engine.model
+        linears = [m.weight for m in model.modules() if isinstance(m, Linear)]
+        head = model.lm_head_holder.weight
+        expected = len(linears) + (0 if any(head is w for w in linears) else 1)
+        assert make_batch_packs(model) == expected
+        packed = _packs()
+        assert all(id(w) in packed for w in [*linears, head])
+        # A batch past the few-row kernels finds every pack made: none is added or redone.
+        prompts = [[1 + i, 2 + i, 3 + i] for i in range(panel.MIN_ROWS + 3)]
+        out = engine.generate(prompts, SamplingParams(max_new_tokens=3, ignore_eos=True))
+        assert len(out) == len(prompts)
+        assert _packs() == packed
+    finally:
+        engine.close()
+
+
+def test_nothing_is_packed_without_the_kernels(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = Engine(model=str(tiny_llama), dtype="float32", mem_check=1, check_pages=True)
+    try:
+        monkeypatch.setattr(build, "library", lambda: None)
+        assert make_batch_packs(engine.model) == 0
+    finally:
+        engine.close()
