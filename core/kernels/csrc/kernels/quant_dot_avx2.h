@@ -119,10 +119,7 @@ inline void k4_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, int64
   for (int64_t s = 0; s < x.K / 256; ++s) {
     for (int r = 0; r < R; ++r) {
       const uint8_t* b = row + r * row_bytes + s * bytes;
-      for (int64_t off = 0; off < bytes; off += 64) {
-        const char* ahead = reinterpret_cast<const char*>(b) + off + kPrefetchBytes;
-        if (ahead < stop) vec::prefetch_l2(ahead);
-      }
+      prefetch_block_ahead(b, bytes, stop);
       const __m128i packed = k4_scales_mins(b + 4);
       const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed)),
                                       _mm256_set1_ps(half_at(b)));
@@ -181,10 +178,7 @@ inline void q6k_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, int6
   for (int64_t s = 0; s < x.K / 256; ++s) {
     for (int r = 0; r < R; ++r) {
       const uint8_t* b = row + r * row_bytes + s * bytes;
-      for (int64_t off = 0; off < bytes; off += 64) {
-        const char* ahead = reinterpret_cast<const char*>(b) + off + kPrefetchBytes;
-        if (ahead < stop) vec::prefetch_l2(ahead);
-      }
+      prefetch_block_ahead(b, bytes, stop);
       const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
       const __m256 d = _mm256_set1_ps(half_at(b + 208));
       const __m256 sc0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);

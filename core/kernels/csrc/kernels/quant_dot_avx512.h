@@ -158,10 +158,7 @@ inline void k4_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, int64
           _mm256_loadu_ps(x.block_sum + m * x.blocks + 8 * s), 1);
     for (int r = 0; r < R; ++r) {
       const uint8_t* b = row + r * row_bytes + s * bytes;
-      for (int64_t off = 0; off < bytes; off += 64) {
-        const char* ahead = reinterpret_cast<const char*>(b) + off + kPrefetchBytes;
-        if (ahead < stop) vec::prefetch_l2(ahead);
-      }
+      prefetch_block_ahead(b, bytes, stop);
       const __m512 dd = _mm512_permutexvar_ps(
           lanes_of8(0, 1), _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(
                                 static_cast<int>(load_u32(b))))));
@@ -223,10 +220,7 @@ inline void q6k_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, int6
     }
     for (int r = 0; r < R; ++r) {
       const uint8_t* b = row + r * row_bytes + s * bytes;
-      for (int64_t off = 0; off < bytes; off += 64) {
-        const char* ahead = reinterpret_cast<const char*>(b) + off + kPrefetchBytes;
-        if (ahead < stop) vec::prefetch_l2(ahead);
-      }
+      prefetch_block_ahead(b, bytes, stop);
       const __m512 sc = _mm512_mul_ps(
           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
               _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)))),

@@ -19,6 +19,15 @@ inline int64_t out_stride(const QuantLinearArgs& a) {
 }
 constexpr int64_t kPrefetchBytes = 8192;  // see skinny_linear.cpp
 
+// The lines of the block at `b` (`bytes` long) kPrefetchBytes further on, into L2, none at or
+// past `stop` (the end of this thread's share of the weight).
+inline void prefetch_block_ahead(const uint8_t* b, int64_t bytes, const char* stop) {
+  for (int64_t off = 0; off < bytes; off += 64) {
+    const char* ahead = reinterpret_cast<const char*>(b) + off + kPrefetchBytes;
+    if (ahead < stop) vec::prefetch_l2(ahead);
+  }
+}
+
 inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
