@@ -67,9 +67,11 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     def make(w: torch.Tensor) -> torch.Tensor:
         return ops.panel_gemm_pack(w.detach().contiguous())
 
+    library = build.library()
+    assert library is not None, "panel_gemm needs the CPU kernels (see applies)"
     packed = per_weight(_packs, weight, make)
     assert isinstance(packed, torch.Tensor)
-    if packed.shape[2] != ops.panel_gemm_width():
+    if packed.shape[2] != _panel_width(library.isa()):  # asked once per ISA, not per call
         _packs.pop(id(weight), None)
         packed = per_weight(_packs, weight, make)
         assert isinstance(packed, torch.Tensor)
