@@ -35,7 +35,9 @@ MAX_ROWS = 256  # 48-column panels (AVX-512)
 MAX_ROWS_NARROW = 128  # narrower panels (AVX2, the scalar copy)
 WIDE_PANEL = 48
 
-_packs: dict[int, Derived] = {}
+# The packs, per ISA copy in use (each copy's panels have their own width): the copy's name
+# -> one pack per weight tensor.
+_packs: dict[str, dict[int, Derived]] = {}
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -60,21 +62,14 @@ def _panel_width(isa: str) -> int:
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` [N, K] in the panel layout of the kernels' ISA in use (made once per weight
-    and version, and again if the ISA in use changes: its panels have another width)."""
-    ops = build.ops()
-
-    def make(w: torch.Tensor) -> torch.Tensor:
-        return ops.panel_gemm_pack(w.detach().contiguous())
-
+    """`weight` [N, K] in the panel layout of the kernels' ISA in use (made once per weight,
+    version and ISA)."""
     library = build.library()
     assert library is not None, "panel_gemm needs the CPU kernels (see applies)"
-    packed = per_weight(_packs, weight, make)
+    ops = library.ops
+    packed = per_weight(_packs.setdefault(library.isa(), {}), weight,
+                        lambda w: ops.panel_gemm_pack(w.detach().contiguous()))
     assert isinstance(packed, torch.Tensor)
-    if packed.shape[2] != _panel_width(library.isa()):  # asked once per ISA, not per call
-        _packs.pop(id(weight), None)
-        packed = per_weight(_packs, weight, make)
-        assert isinstance(packed, torch.Tensor)
     return packed
 
 

@@ -21,14 +21,19 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _packs() -> dict[int, int]:
-    """The panel GEMM's cached packs: weight id -> id of its pack."""
-    return {key: id(entry[2]) for key, entry in panel._packs.items()}
+    """The panel GEMM's cached packs for the ISA in use: weight id -> id of its pack."""
+    library = build.library()
+    assert library is not None
+    store = panel._packs.get(library.isa(), {})
+    return {key: id(entry[2]) for key, entry in store.items()}
 
 
-def test_float32_weights_are_packed_before_the_first_batch(tiny_llama: Path) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_float32_weights_are_packed_before_the_first_batch(tiny_llama: Path, overlap: bool) -> None:
     if build.library() is None:
         pytest.skip(f"the CPU kernels are unavailable: {build.unavailable_reason()}")
-    engine = Engine(model=str(tiny_llama), dtype="float32", mem_check=1, check_pages=True)
+    engine = Engine(model=str(tiny_llama), dtype="float32", mem_check=1, check_pages=True,
+                    overlap=overlap)
     try:
         model = engine.model
         linears = [m.weight for m in model.modules() if isinstance(m, Linear)]
