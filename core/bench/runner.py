@@ -20,6 +20,7 @@ from plugserve.bench import metrics
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from plugserve.bench.line_progress import LineProgress
     from plugserve.config import EngineConfig
     from plugserve.engine import Engine
     from plugserve.sampling import SamplingParams
@@ -99,11 +100,12 @@ class Runner:
     show_progress: bool = True
     # Every timed run so far, in order (`--compare vllm` replays the first one's requests).
     measured: list[Measured] = field(default_factory=list, init=False, repr=False)
-    _progress: Progress | None = field(default=None, init=False, repr=False)
+    _progress: Progress | LineProgress | None = field(default=None, init=False, repr=False)
 
     @contextmanager
     def session(self) -> Iterator[Runner]:
-        """Show the progress bar (on a terminal, unless turned off) while the bench runs."""
+        """Show the progress bar while the bench runs: rich's on a terminal (unless turned off),
+        plain lines with a heartbeat elsewhere (`plugserve.bench.line_progress`)."""
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -112,7 +114,17 @@ class Runner:
             TimeElapsedColumn,
         )
 
-        enabled = self.show_progress and self.console is not None and self.console.is_terminal
+        from plugserve.bench.line_progress import LineProgress
+
+        if self.console is not None and not self.console.is_terminal:
+            with LineProgress(self.console) as lines:
+                self._progress = lines
+                try:
+                    yield self
+                finally:
+                    self._progress = None
+            return
+        enabled = self.show_progress and self.console is not None
         progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
