@@ -114,6 +114,15 @@ def test_batch_rows_same_bits_as_the_op_by_op_path(
         with pytest.raises(ValueError, match=f"{rows} rows of torch.bfloat16 are past"):
             stack.run(r["hidden"], r["cos"], r["sin"], plans)
         return
+    # the first run of these new weights: it takes the packs from the kernel's own cache
+    stack.run(r["hidden"], r["cos"], r["sin"],
+              [_batch_plan(shape, rows, dtype, False, i) for i in range(2)])
+    library = build.library()
+    assert library is not None
+    cache = panel._packs[library.isa()] if dtype == torch.float32 else dense_amx._packs
+    for layer in stack.layers:
+        for weight in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            assert id(weight) in cache and cache[id(weight)][1]() is weight
     _check_run(stack, shape, rows, dtype, seed=rows)
 
 
