@@ -322,7 +322,8 @@ class CausalLM(nn.Module):
 
     def _decode_stack(self) -> decode_layer.DecodeStack:
         """The layers held for one-call decode steps; built again once a parameter object
-        anywhere is replaced (in-place weight writes need nothing: it shares the storage)."""
+        anywhere is replaced (in-place weight writes need nothing: it shares the storage and
+        asks for new batch packs itself)."""
         generation = parameter_generation()
         if self._stack is None or self._stack_generation != generation:
             self._stack = decode_layer.DecodeStack(
