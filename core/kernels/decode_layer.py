@@ -13,7 +13,10 @@ path everywhere `applies` says no):
   is the paged-decode kernel over plain tensors (its `PagedDecodePlan`): the KV store and
   `plugserve.kernels.paged_decode` run inside the same call;
 - `DecodeStack`: a model's layers held once (`LayerWeights`), whose `run` takes a decode
-  step through all of them in one call, each layer's `decode_step` with its plan.
+  step through all of them in one call, each layer's `decode_step` with its plan. Past the
+  few-row kernel it also takes a decode batch whose dense projections the op-by-op path
+  multiplies with a batch kernel (`takes_batch`: the bf16 AMX linear, the float32 panel
+  GEMM, against their cached packs; `plugserve.kernels.decode_batch`).
 
 It takes the Llama form of the layer (no q/k norms, no sandwich norms, SiLU, plain RMSNorm
 weights) where the few-row linear kernel applies (`plugserve.kernels.skinny_linear`). A
@@ -30,10 +33,12 @@ from typing import Any
 
 import torch
 
-from plugserve.kernels import build, paged_decode
+from plugserve.kernels import build, dense_amx, paged_decode
 from plugserve.kernels import fused_elementwise as fused
+from plugserve.kernels import panel_gemm as panel
 from plugserve.kernels import quant_linear as quant
 from plugserve.kernels import skinny_linear as skinny
+from plugserve.kernels.decode_batch import BatchPacks
 from plugserve.kernels.paged_decode import PagedDecodePlan
 from plugserve.quant.blocks import QuantBlocks
 from plugserve.quant.reference import Activations
@@ -83,9 +88,17 @@ def linear_reference(
     x: torch.Tensor, weight: ProjWeight, bias: torch.Tensor | None, activations: Activations,
 ) -> torch.Tensor:
     """The op-by-op path's projection: the few-row linear, dense or quantized (each part
-    with its slice of the bias, the outputs joined, as `quant_weight.quant_matmul` does)."""
+    with its slice of the bias, the outputs joined, as `quant_weight.quant_matmul` does);
+    past its rows a dense weight's batch linear, as `plugserve.model.layers.linear` picks."""
     if not isinstance(weight, tuple):
-        return skinny.skinny_linear(x, weight, bias)
+        if skinny.applies(x, weight):
+            return skinny.skinny_linear(x, weight, bias)
+        if panel.applies(x, weight):
+            return panel.panel_gemm(x, weight, bias)
+        if dense_amx.applies(x, weight):
+            return dense_amx.dense_amx_linear(x, weight, bias)
+        raise ValueError(f"no few-row or batch kernel takes {x.shape[0]} rows of {x.dtype} "
+                         "here (the op-by-op path would use oneDNN or the widening GEMM)")
     outs, row = [], 0
     for part in weight:
         part_bias = None if bias is None else bias[row : row + part.rows]
@@ -261,8 +274,9 @@ class LayerWeights:
 class DecodeStack:
     """A model's decoder layers for decode steps in one compiled call each (`run`).
 
-    It holds the layers' parameters as tensors (in-place writes to them are seen); a model
-    that replaces a parameter object builds a new stack."""
+    It holds the layers' parameters as tensors (in-place writes to them are seen, and make
+    the batch packs be asked for again); a model that replaces a parameter object builds a
+    new stack."""
 
     def __init__(self, layers: Sequence[LayerWeights]) -> None:
         self.layers = tuple(layers)
@@ -282,17 +296,37 @@ class DecodeStack:
             [w.gate_up_bias for w in f], [p for p, _ in down], [n for _, n in down],
             [w.down_bias for w in f], [int(w.activations == "int8") for w in f],
         )
+        self._batch = BatchPacks([_dense_matrices(w) for w in f])
+
+    def takes_batch(self, hidden: torch.Tensor) -> bool:
+        """True when `run` takes `hidden`'s rows past the few-row kernel: the op-by-op path
+        multiplies every projection of them with this stack's batch kernel (bf16 on AMX,
+        float32 panel GEMM)."""
+        return self._batch.takes(hidden)
 
     def run(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         plans: Sequence[PagedDecodePlan],
     ) -> torch.Tensor:
         """`hidden` [rows, hidden_size] after every layer's `decode_step`, layer i's attention
-        being `plans[i]` and its rope angles cos / sin."""
+        being `plans[i]` and its rope angles cos / sin. Rows past the few-row kernel must be
+        a batch the stack takes (`takes_batch`)."""
+        rows = hidden.shape[0]
+        batch = rows > quant.MAX_FEW_ROWS
+        if batch:
+            if not self._batch.takes(hidden):
+                raise ValueError(
+                    f"DecodeStack.run: {rows} rows of {hidden.dtype} are past the few-row "
+                    f"kernel ({quant.MAX_FEW_ROWS} rows) and no batch kernel of this stack "
+                    "takes them (see takes_batch)")
+            packs = self._batch.packs_if_changed()
+            if packs is not None:
+                self._stack.set_packs(*packs)
         out: torch.Tensor = self._stack.run(
             hidden, cos, sin, [p.k_buffer for p in plans], [p.v_buffer for p in plans],
             [p.store_slots for p in plans], [p.slots for p in plans],
             [p.first_key for p in plans], [p.kv_lens for p in plans], [p.scale for p in plans],
+            batch,
         )
         return out
 
@@ -307,3 +341,14 @@ class DecodeStack:
         for w, plan in zip(self.layers, plans, strict=True):
             hidden = w.decode_step(hidden, cos, sin, plan, reference=True)
         return hidden
+
+
+def _dense_matrices(
+    w: LayerWeights,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """A layer's four projection matrices, or None if any is quantized."""
+    qkv, o, gate_up, down = w.qkv, w.o, w.gate_up, w.down
+    if (isinstance(qkv, torch.Tensor) and isinstance(o, torch.Tensor)
+            and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)):
+        return qkv, o, gate_up, down
+    return None

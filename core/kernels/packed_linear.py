@@ -112,7 +112,7 @@ def per_weight(store: dict[int, Derived], weight: torch.Tensor,
                make: Callable[[torch.Tensor], object]) -> object:
     """`make(weight)`, computed once per weight and version and kept in `store`."""
     key = id(weight)
-    version = _version(weight)
+    version = weight_version(weight)
     hit = store.get(key)
     if hit is not None and hit[1]() is weight and hit[0] == version:
         return hit[2]
@@ -123,7 +123,7 @@ def per_weight(store: dict[int, Derived], weight: torch.Tensor,
     return value
 
 
-def _version(weight: torch.Tensor) -> int:
+def weight_version(weight: torch.Tensor) -> int:
     """The in-place write counter; an inference tensor has none (-1: packed once)."""
     if weight.is_inference():
         return -1

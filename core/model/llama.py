@@ -209,6 +209,18 @@ def _few_rows_apply(
         isinstance(qkv_weight, tuple) or multiplies_as_stored(qkv_weight))
 
 
+def _batch_rows_apply(
+    hidden: torch.Tensor, qkv_weight: decode_layer.ProjWeight, cos: torch.Tensor
+) -> bool:
+    """Whether these rows, past the few-row kernels, may go through the decode stack: dense
+    weights read as stored, rope angles of the layer's dtype (the stack's `takes_batch` says
+    whether its batch kernels take the rows)."""
+    return (
+        not isinstance(qkv_weight, tuple) and cos.dtype == hidden.dtype and hidden.ndim == 2
+        and hidden.is_cpu and multiplies_as_stored(qkv_weight) and decode_layer.available()
+    )
+
+
 def _norm(arch: ModelArchConfig, size: int, dtype: torch.dtype, device: Device) -> RMSNorm:
     return RMSNorm(
         size, arch.rms_norm_eps, dtype=dtype, device=device, unit_offset=arch.norm_unit_offset
@@ -288,9 +300,30 @@ class CausalLM(nn.Module):
             hidden = layer.forward_few_rows(hidden, cos, sin, forward_batch, backend, plan)
         return hidden
 
+    def _decode_batch(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        forward_batch: ForwardBatch, backend: AttentionBackend,
+    ) -> torch.Tensor | None:
+        """A decode batch past the few-row kernels through the stack in one call, where its
+        batch kernels take the rows and the backend plans every layer's attention; else None
+        (the layers run op by op)."""
+        if not forward_batch.mode.is_decode():
+            return None
+        stack = self._decode_stack()
+        if not stack.takes_batch(hidden):
+            return None
+        plans = []
+        for layer in self.decoder_layers:
+            plan = backend.paged_decode_plan(layer.self_attn.layer, forward_batch)
+            if plan is None:
+                return None
+            plans.append(plan)
+        return stack.run(hidden, cos, sin, plans)
+
     def _decode_stack(self) -> decode_layer.DecodeStack:
         """The layers held for one-call decode steps; built again once a parameter object
-        anywhere is replaced (in-place weight writes need nothing: it shares the storage)."""
+        anywhere is replaced (in-place weight writes need nothing: it shares the storage and
+        asks for new batch packs itself)."""
         generation = parameter_generation()
         if self._stack is None or self._stack_generation != generation:
             self._stack = decode_layer.DecodeStack(
@@ -343,8 +376,13 @@ class CausalLM(nn.Module):
         hidden = self.embed(forward_batch.input_ids)
         cos, sin = ropes[0]
         first_qkv = self.decoder_layers[0].self_attn.qkv_proj.matrix if self.all_llama_form else None
+        stacked = None
         if first_qkv is not None and _few_rows_apply(hidden, first_qkv, cos):
-            hidden = self._decode_layers(hidden, cos, sin, forward_batch, backend)
+            stacked = self._decode_layers(hidden, cos, sin, forward_batch, backend)
+        elif first_qkv is not None and _batch_rows_apply(hidden, first_qkv, cos):
+            stacked = self._decode_batch(hidden, cos, sin, forward_batch, backend)
+        if stacked is not None:
+            hidden = stacked
         else:
             for layer, local in zip(self.layers, self.uses_local_rope, strict=True):
                 cos, sin = ropes[1] if local else ropes[0]

@@ -87,6 +87,14 @@ at::Tensor quant_linear_parts(at::Tensor x, const std::vector<at::Tensor>& w,
                               const std::vector<std::string>& formats,
                               const std::optional<at::Tensor>& bias);
 
+// The batch linears against their packed weights (ops/dense_amx.cpp, ops/linear.cpp):
+// x [M, K] bf16 @ w.T (+ bias) on AMX tiles, w packed by plugserve.kernels.dense_amx.pack;
+// x [M, K] float32 @ w.T (+ bias) by the panel GEMM, w packed by panel_gemm_pack.
+at::Tensor dense_amx_linear(at::Tensor x, const at::Tensor& w_packed, int64_t out_features,
+                            const std::optional<at::Tensor>& bias);
+at::Tensor panel_gemm(at::Tensor x, const at::Tensor& packed, int64_t N,
+                      std::optional<at::Tensor> bias);
+
 // The elementwise kernels on tensors the caller checked (ops/elementwise.cpp).
 void rms_norm_into(const at::Tensor& x, const at::Tensor& w, double eps, bool unit_offset,
                    at::Tensor& out);

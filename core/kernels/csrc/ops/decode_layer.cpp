@@ -18,6 +18,12 @@
 // formats) or GGML blocks (one uint8 tensor per run of rows of one format, stacked along the
 // outputs, with the formats' names): those go to the few-row quantized kernel
 // (ops/quant_linear.cpp) with int8 or float activations, as the op-by-op path does.
+//
+// Past the few-row kernel's rows (a decode batch of 9 .. ~96 rows), a dense projection may
+// come with its batch pack, and then goes to the kernel plugserve.model.layers._dense_linear
+// picks for those rows: the AMX linear for bf16 (ops/dense_amx.cpp), the panel GEMM for
+// float32 (ops/linear.cpp). The Python side (plugserve.kernels.decode_layer.DecodeStack) says
+// which rows take which kernel and hands the packs from the kernels' own caches.
 #include <ATen/ops/add.h>
 #include <ATen/ops/cat.h>
 #include <torch/custom_class.h>
@@ -54,17 +60,30 @@ void check_norm(const at::Tensor& x, const at::Tensor& w, const char* what) {
               what, ": the norm weight must be [", x.size(1), "] of ", x.scalar_type());
 }
 
+// A layer's batch packs, one per projection (all undefined: the few-row kernels).
+struct LayerPacks {
+  at::Tensor qkv, o, gate_up, down;
+};
+
 // x @ w.T (+ bias) into a new [rows, outputs] tensor, w dense (formats empty: w is one
-// tensor) or quantized (w[i] the blocks of formats[i], stacked along the outputs).
+// tensor) or quantized (w[i] the blocks of formats[i], stacked along the outputs). A dense w
+// with a defined `pack` goes to the batch linear of x's dtype against that pack.
 at::Tensor linear(const at::Tensor& x, const Tensors& w, const Strings& formats,
-                  const OptTensor& bias, bool int8_activations, const char* what) {
+                  const OptTensor& bias, bool int8_activations, const char* what,
+                  const at::Tensor& pack) {
   if (formats.empty()) {
     TORCH_CHECK(w.size() == 1, what, ": a dense weight is one tensor, got ", w.size());
     check_matrix(x, w[0], what);
+    if (pack.defined()) {
+      return x.scalar_type() == at::kBFloat16 ? dense_amx_linear(x, pack, w[0].size(0), bias)
+                                              : panel_gemm(x, pack, w[0].size(0), bias);
+    }
     auto out = at::empty({x.size(0), w[0].size(0)}, x.options());
     skinny_linear_into(x, w[0].contiguous(), bias_as_float(bias, w[0].size(0), what), out);
     return out;
   }
+  TORCH_CHECK(!pack.defined(), what, ": a batch pack is for a dense weight, this one is ",
+              formats.size(), " quantized part(s)");
   TORCH_CHECK(w.size() == formats.size(), what, ": ", w.size(), " quantized parts for ",
               formats.size(), " formats");
   if (w.size() == 1) return quant_linear(x, w[0], formats[0], bias, int8_activations);
@@ -92,9 +111,12 @@ int64_t outputs_of(const Tensors& w) {
   return outputs;
 }
 
-at::Tensor attention_input(at::Tensor hidden, at::Tensor norm_w, double eps, Tensors qkv_w,
-                           Strings qkv_formats, OptTensor qkv_b, at::Tensor cos, at::Tensor sin,
-                           int64_t rotated_heads, int64_t head_dim, bool int8_activations) {
+at::Tensor attention_input_packed(at::Tensor hidden, at::Tensor norm_w, double eps,
+                                  const Tensors& qkv_w, const Strings& qkv_formats,
+                                  const OptTensor& qkv_b, const at::Tensor& cos,
+                                  const at::Tensor& sin, int64_t rotated_heads,
+                                  int64_t head_dim, bool int8_activations,
+                                  const at::Tensor& qkv_pack) {
   check_rows(hidden, "attention_input");
   check_norm(hidden, norm_w, "attention_input");
   const int64_t qkv_outputs = outputs_of(qkv_w);
@@ -116,17 +138,25 @@ at::Tensor attention_input(at::Tensor hidden, at::Tensor norm_w, double eps, Ten
   auto normed = at::empty_like(hidden);
   rms_norm_into(hidden, norm_w, eps, /*unit_offset=*/false, normed);
   auto qkv = linear(normed, qkv_w, qkv_formats, qkv_b, int8_activations,
-                    "attention_input (qkv)");
+                    "attention_input (qkv)", qkv_pack);
   auto qk = qkv.narrow(1, 0, rotated_heads * head_dim).view({qkv.size(0), rotated_heads, head_dim});
   rope_in_place(qk, cos, sin);
   return qkv;
 }
 
-at::Tensor attention_output_and_mlp(at::Tensor attn, Tensors o_w, Strings o_formats,
-                                    OptTensor o_b, at::Tensor residual, at::Tensor norm_w,
-                                    double eps, Tensors gate_up_w, Strings gate_up_formats,
-                                    OptTensor gate_up_b, Tensors down_w, Strings down_formats,
-                                    OptTensor down_b, bool int8_activations) {
+at::Tensor attention_input(at::Tensor hidden, at::Tensor norm_w, double eps, Tensors qkv_w,
+                           Strings qkv_formats, OptTensor qkv_b, at::Tensor cos, at::Tensor sin,
+                           int64_t rotated_heads, int64_t head_dim, bool int8_activations) {
+  return attention_input_packed(std::move(hidden), std::move(norm_w), eps, qkv_w, qkv_formats,
+                                qkv_b, cos, sin, rotated_heads, head_dim, int8_activations, {});
+}
+
+at::Tensor attention_output_and_mlp_packed(
+    at::Tensor attn, const Tensors& o_w, const Strings& o_formats, const OptTensor& o_b,
+    at::Tensor residual, at::Tensor norm_w, double eps, const Tensors& gate_up_w,
+    const Strings& gate_up_formats, const OptTensor& gate_up_b, const Tensors& down_w,
+    const Strings& down_formats, const OptTensor& down_b, bool int8_activations,
+    const LayerPacks& packs) {
   check_rows(attn, "attention_output_and_mlp");
   check_rows(residual, "attention_output_and_mlp (residual)");
   TORCH_CHECK(residual.scalar_type() == attn.scalar_type(),
@@ -136,7 +166,7 @@ at::Tensor attention_output_and_mlp(at::Tensor attn, Tensors o_w, Strings o_form
   residual = residual.contiguous();
   norm_w = norm_w.contiguous();
   const auto o = linear(attn, o_w, o_formats, o_b, int8_activations,
-                        "attention_output_and_mlp (o)");
+                        "attention_output_and_mlp (o)", packs.o);
   TORCH_CHECK(o.sizes() == residual.sizes(), "attention_output_and_mlp: the residual must be ",
               o.sizes(), ", got ", residual.sizes());
   check_norm(o, norm_w, "attention_output_and_mlp");
@@ -144,14 +174,25 @@ at::Tensor attention_output_and_mlp(at::Tensor attn, Tensors o_w, Strings o_form
   auto hidden = at::empty_like(o);
   add_rms_norm_into(o, residual, norm_w, eps, /*unit_offset=*/false, mlp_in, hidden);
   const auto gate_up = linear(mlp_in, gate_up_w, gate_up_formats, gate_up_b, int8_activations,
-                              "attention_output_and_mlp (gate_up)");
+                              "attention_output_and_mlp (gate_up)", packs.gate_up);
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "attention_output_and_mlp: gate_up has ",
               gate_up.size(1), " outputs; gate | up needs an even number");
   auto act = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
   silu_mul_into(gate_up, act);
   const auto mlp = linear(act, down_w, down_formats, down_b, int8_activations,
-                          "attention_output_and_mlp (down)");
+                          "attention_output_and_mlp (down)", packs.down);
   return hidden.add_(mlp);  // torch's add: the sum rounded to T once, as `hidden + mlp` does
+}
+
+at::Tensor attention_output_and_mlp(at::Tensor attn, Tensors o_w, Strings o_formats,
+                                    OptTensor o_b, at::Tensor residual, at::Tensor norm_w,
+                                    double eps, Tensors gate_up_w, Strings gate_up_formats,
+                                    OptTensor gate_up_b, Tensors down_w, Strings down_formats,
+                                    OptTensor down_b, bool int8_activations) {
+  return attention_output_and_mlp_packed(
+      std::move(attn), o_w, o_formats, o_b, std::move(residual), std::move(norm_w), eps,
+      gate_up_w, gate_up_formats, gate_up_b, down_w, down_formats, down_b, int8_activations,
+      LayerPacks{});
 }
 
 // The whole layer for one decode step whose attention is the paged-decode kernel (a
@@ -159,15 +200,16 @@ at::Tensor attention_output_and_mlp(at::Tensor attn, Tensors o_w, Strings o_form
 // of the cache buffers (in the cache's dtype), paged_decode over slots[i,
 // first_key[i]:kv_lens[i]], then attention_output_and_mlp. What the backend's `forward`
 // does between the two halves, here without returning to Python.
-at::Tensor decode_step(at::Tensor hidden, at::Tensor input_norm_w, double input_eps,
-                       Tensors qkv_w, Strings qkv_formats, OptTensor qkv_b, at::Tensor cos,
-                       at::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                       at::Tensor k_buffer, at::Tensor v_buffer, at::Tensor store_slots,
-                       at::Tensor slots, at::Tensor first_key, at::Tensor kv_lens, double scale,
-                       Tensors o_w, Strings o_formats, OptTensor o_b, at::Tensor post_norm_w,
-                       double post_eps, Tensors gate_up_w, Strings gate_up_formats,
-                       OptTensor gate_up_b, Tensors down_w, Strings down_formats,
-                       OptTensor down_b, bool int8_activations) {
+at::Tensor decode_step_packed(
+    at::Tensor hidden, const at::Tensor& input_norm_w, double input_eps, const Tensors& qkv_w,
+    const Strings& qkv_formats, const OptTensor& qkv_b, const at::Tensor& cos,
+    const at::Tensor& sin, int64_t heads, int64_t kv_heads, int64_t head_dim,
+    at::Tensor k_buffer, at::Tensor v_buffer, at::Tensor store_slots, const at::Tensor& slots,
+    const at::Tensor& first_key, const at::Tensor& kv_lens, double scale, const Tensors& o_w,
+    const Strings& o_formats, const OptTensor& o_b, const at::Tensor& post_norm_w,
+    double post_eps, const Tensors& gate_up_w, const Strings& gate_up_formats,
+    const OptTensor& gate_up_b, const Tensors& down_w, const Strings& down_formats,
+    const OptTensor& down_b, bool int8_activations, const LayerPacks& packs) {
   const int64_t rows = hidden.size(0);
   for (const auto* buffer : {&k_buffer, &v_buffer}) {
     const auto dtype = buffer->scalar_type();
@@ -181,9 +223,9 @@ at::Tensor decode_step(at::Tensor hidden, at::Tensor input_norm_w, double input_
                   store_slots.size(0) == rows,
               "decode_step: one int64 store slot per row is needed, got ", store_slots.sizes(),
               " of ", store_slots.scalar_type(), " for ", rows, " rows");
-  const auto qkv = attention_input(hidden, input_norm_w, input_eps, std::move(qkv_w),
-                                   std::move(qkv_formats), qkv_b, cos, sin, heads + kv_heads,
-                                   head_dim, int8_activations);
+  const auto qkv = attention_input_packed(hidden, input_norm_w, input_eps, qkv_w, qkv_formats,
+                                          qkv_b, cos, sin, heads + kv_heads, head_dim,
+                                          int8_activations, packs.qkv);
   const int64_t q_width = heads * head_dim, kv_width = kv_heads * head_dim;
   TORCH_CHECK(qkv.size(1) == q_width + 2 * kv_width, "decode_step: the qkv projection has ",
               qkv.size(1), " outputs, not ", q_width + 2 * kv_width, " for ", heads, " + 2 x ",
@@ -196,18 +238,36 @@ at::Tensor decode_step(at::Tensor hidden, at::Tensor input_norm_w, double input_
   store_rows(v_buffer, store_slots, v, 1.0);
   const auto attn = paged_decode(q, k_buffer, v_buffer, slots, first_key, kv_lens, scale, 1.0,
                                  1.0);
-  return attention_output_and_mlp(attn.view({rows, q_width}), std::move(o_w),
-                                  std::move(o_formats), o_b, hidden, post_norm_w, post_eps,
-                                  std::move(gate_up_w), std::move(gate_up_formats), gate_up_b,
-                                  std::move(down_w), std::move(down_formats), down_b,
-                                  int8_activations);
+  return attention_output_and_mlp_packed(attn.view({rows, q_width}), o_w, o_formats, o_b,
+                                         hidden, post_norm_w, post_eps, gate_up_w,
+                                         gate_up_formats, gate_up_b, down_w, down_formats,
+                                         down_b, int8_activations, packs);
+}
+
+at::Tensor decode_step(at::Tensor hidden, at::Tensor input_norm_w, double input_eps,
+                       Tensors qkv_w, Strings qkv_formats, OptTensor qkv_b, at::Tensor cos,
+                       at::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                       at::Tensor k_buffer, at::Tensor v_buffer, at::Tensor store_slots,
+                       at::Tensor slots, at::Tensor first_key, at::Tensor kv_lens, double scale,
+                       Tensors o_w, Strings o_formats, OptTensor o_b, at::Tensor post_norm_w,
+                       double post_eps, Tensors gate_up_w, Strings gate_up_formats,
+                       OptTensor gate_up_b, Tensors down_w, Strings down_formats,
+                       OptTensor down_b, bool int8_activations) {
+  return decode_step_packed(std::move(hidden), input_norm_w, input_eps, qkv_w, qkv_formats,
+                            qkv_b, cos, sin, heads, kv_heads, head_dim, std::move(k_buffer),
+                            std::move(v_buffer), std::move(store_slots), slots, first_key,
+                            kv_lens, scale, o_w, o_formats, o_b, post_norm_w, post_eps,
+                            gate_up_w, gate_up_formats, gate_up_b, down_w, down_formats,
+                            down_b, int8_activations, LayerPacks{});
 }
 
 // A model's decoder layers for `decode_step`, held once so that a decode step runs all of
 // them in one call: the weights (tensors that share the parameters' storage, so in-place
 // weight loads are seen; a projection's parts and formats as `linear` takes them) and each
 // layer's shape. A layer's attention operands change every step and come with `run`, one
-// entry per layer, as the backend's plans give them.
+// entry per layer, as the backend's plans give them. The dense projections' batch packs
+// (set_packs) are those the Python side holds in the kernels' caches, set again whenever a
+// weight's version or the ISA in use moves; `run` uses them where it is told to (batch rows).
 struct DecodeStack : torch::CustomClassHolder {
   using Layers = std::vector<Tensors>;
   using LayerFormats = std::vector<Strings>;
@@ -217,6 +277,7 @@ struct DecodeStack : torch::CustomClassHolder {
   std::vector<OptTensor> qkv_b, o_b, gate_up_b, down_b;
   std::vector<double> input_eps, post_eps;
   std::vector<int64_t> heads, kv_heads, head_dim, int8_activations;
+  std::vector<LayerPacks> packs;  // none, or one per layer
 
   DecodeStack(Tensors input_norm_w_, std::vector<double> input_eps_, Layers qkv_w_,
               LayerFormats qkv_f_, std::vector<OptTensor> qkv_b_, std::vector<int64_t> heads_,
@@ -248,6 +309,27 @@ struct DecodeStack : torch::CustomClassHolder {
 
   int64_t layers() const { return static_cast<int64_t>(input_norm_w.size()); }
 
+  // Every layer's batch packs (one tensor per layer and projection), or none (empty lists).
+  void set_packs(Tensors qkv, Tensors o, Tensors gate_up, Tensors down) {
+    const size_t n = input_norm_w.size(), given = qkv.size();
+    TORCH_CHECK((given == n || given == 0) && o.size() == given &&
+                    gate_up.size() == given && down.size() == given,
+                "DecodeStack.set_packs: one pack per layer and projection is needed (", n,
+                " layers), got ", qkv.size(), ", ", o.size(), ", ", gate_up.size(), ", ",
+                down.size());
+    for (size_t i = 0; i < given; ++i) {
+      TORCH_CHECK(qkv_f[i].empty() && o_f[i].empty() && gate_up_f[i].empty() &&
+                      down_f[i].empty(),
+                  "DecodeStack.set_packs: layer ", i, " has quantized projections; batch "
+                  "packs are for dense weights");
+    }
+    packs.clear();
+    for (size_t i = 0; i < given; ++i) {
+      packs.push_back(LayerPacks{std::move(qkv[i]), std::move(o[i]), std::move(gate_up[i]),
+                                 std::move(down[i])});
+    }
+  }
+
   // hidden through every layer's decode_step; cos / sin are every layer's rope angles, and
   // layer i's attention is k_buffers[i], v_buffers[i], store_slots[i], slots[i],
   // first_key[i], kv_lens[i] and scales[i] (its PagedDecodePlan).
@@ -255,20 +337,23 @@ struct DecodeStack : torch::CustomClassHolder {
                  std::vector<at::Tensor> k_buffers, std::vector<at::Tensor> v_buffers,
                  std::vector<at::Tensor> store_slots, std::vector<at::Tensor> slots,
                  std::vector<at::Tensor> first_key, std::vector<at::Tensor> kv_lens,
-                 std::vector<double> scales) const {
+                 std::vector<double> scales, bool batch) const {
     const size_t n = input_norm_w.size();
     for (const size_t size : {k_buffers.size(), v_buffers.size(), store_slots.size(),
                               slots.size(), first_key.size(), kv_lens.size(), scales.size()}) {
       TORCH_CHECK(size == n, "DecodeStack.run: one plan per layer is needed (", n,
                   " layers), got ", size);
     }
+    TORCH_CHECK(!batch || packs.size() == n, "DecodeStack.run: batch rows need every layer's "
+                "batch packs (set_packs), the stack holds ", packs.size(), " for ", n, " layers");
+    const LayerPacks none;
     for (size_t i = 0; i < n; ++i) {
-      hidden = decode_step(hidden, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i],
-                           cos, sin, heads[i], kv_heads[i], head_dim[i], k_buffers[i],
-                           v_buffers[i], store_slots[i], slots[i], first_key[i], kv_lens[i],
-                           scales[i], o_w[i], o_f[i], o_b[i], post_norm_w[i], post_eps[i],
-                           gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i], down_f[i],
-                           down_b[i], int8_activations[i] != 0);
+      hidden = decode_step_packed(
+          hidden, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i], cos, sin,
+          heads[i], kv_heads[i], head_dim[i], k_buffers[i], v_buffers[i], store_slots[i],
+          slots[i], first_key[i], kv_lens[i], scales[i], o_w[i], o_f[i], o_b[i],
+          post_norm_w[i], post_eps[i], gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i],
+          down_f[i], down_b[i], int8_activations[i] != 0, batch ? packs[i] : none);
     }
     return hidden;
   }
@@ -308,5 +393,6 @@ TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
                        Layers, LayerFormats, OptTensors, Tensors, Doubles, Layers,
                        LayerFormats, OptTensors, Layers, LayerFormats, OptTensors, Ints>())
       .def("layers", &DecodeStack::layers)
+      .def("set_packs", &DecodeStack::set_packs)
       .def("run", &DecodeStack::run);
 }

@@ -7,6 +7,8 @@ namespace {
 
 constexpr int64_t kStrip = 32, kTileK = 32;
 
+}  // namespace
+
 // x [M, K] bf16 @ w.T (+ bias) -> [M, N] bf16, w [N, K] packed as `w_packed` (N rounded up
 // to strips of 32 rows, K / 32 pairs of 16 x 32 tiles each).
 at::Tensor dense_amx_linear(at::Tensor x, const at::Tensor& w_packed, int64_t out_features,
@@ -39,6 +41,8 @@ at::Tensor dense_amx_linear(at::Tensor x, const at::Tensor& w_packed, int64_t ou
               " kernels have no AMX here (ask amx_usable() first)");
   return out;
 }
+
+namespace {
 
 bool amx_usable() { return kernels().amx_usable(); }
 

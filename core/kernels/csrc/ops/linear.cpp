@@ -85,6 +85,8 @@ at::Tensor panel_gemm_pack(const at::Tensor& w) {
 
 int64_t panel_gemm_width() { return kernels().panel_gemm_width(); }
 
+}  // namespace
+
 // x [M, K] float32 @ the weight packed by panel_gemm_pack (N columns) + bias -> [M, N].
 at::Tensor panel_gemm(at::Tensor x, const at::Tensor& packed, int64_t N,
                       std::optional<at::Tensor> bias) {
@@ -119,7 +121,6 @@ at::Tensor panel_gemm(at::Tensor x, const at::Tensor& packed, int64_t N,
   return out;
 }
 
-}  // namespace
 }  // namespace plugserve::ops
 
 TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
