@@ -35,30 +35,9 @@ using amx::kTileK;
 // prefetch gains 2-4% at 64-96 rows over the hardware prefetcher alone, nothing at fewer.
 constexpr int64_t kPrefetchStrips = 1;
 constexpr int64_t kLine = 64;
-// How many product steps ahead the tiles' own lines (x's rows and the strip's pair of B
-// tiles, 4 KiB a step) are requested into L1. From 32 rows on, a block's pass reads x and
-// the strip (36 KiB each at K = 576) through a 48 KiB L1 and every tile load otherwise
-// misses it; measured: 2 steps gains ~10% at 32 and 96 rows, 1 and 3 steps less.
-constexpr int64_t kL1Steps = 2;
-
-// Requests into L1 the lines the tile loads of product step `step` (32-row block of x and
-// column tile) read: the block's rows of x (or its zero-padded copy) and the strip's tiles.
-void prefetch_step_l1(const DenseAmxArgs& a, const BF16* x_tail, const BF16* strip,
-                      int64_t step) {
-  const int64_t kbs = a.K / kTileK, block = step / kbs, kb = step % kbs;
-  const int64_t m0 = block * 32, rows = std::min<int64_t>(32, a.M - m0);
-  const bool whole = rows == 32;
-  const BF16* xa = (whole ? static_cast<const BF16*>(a.x) + m0 * a.x_stride : x_tail) +
-                   kb * kTileK;
-  const int64_t stride = whole ? a.x_stride : a.K;
-  for (int64_t r = 0; r < (rows > 16 ? 32 : 16); ++r) prefetch_l1(xa + r * stride);
-  const char* tiles = reinterpret_cast<const char*>(strip + kb * 2 * kTileElems);
-  for (int64_t line = 0; line < 2 * kTileElems * 2 / kLine; ++line)
-    prefetch_l1(tiles + line * kLine);
-}
 
 void dense_gemm(const DenseAmxArgs& a) {
-  const std::vector<BF16> x_tail = amx::x_tail(a);
+  const amx::XTail x_tail = amx::x_tail(a);
   const BF16* w = static_cast<const BF16*>(a.w_packed);
   const int64_t strip_bytes = kStrip * a.K * 2, strip_lines = strip_bytes / kLine;
   const int64_t strips = (a.N + kStrip - 1) / kStrip;
@@ -79,9 +58,8 @@ void dense_gemm(const DenseAmxArgs& a) {
       const int64_t n0 = s * kStrip, n_count = std::min(kStrip, a.N - n0);
       amx::multiply_strip<BF16>(a, strip, x_tail.data(), n0, n_count,
                                 [&](int64_t block, int64_t kb) {
-        const int64_t step = block * kbs + kb;
-        if (step + kL1Steps < steps) prefetch_step_l1(a, x_tail.data(), strip, step + kL1Steps);
         if (next >= run_end) return;  // past this thread's run: the other thread reads it
+        const int64_t step = block * kbs + kb;
         const int64_t from = step * strip_lines / steps, to = (step + 1) * strip_lines / steps;
         for (int64_t line = from; line < to; ++line) prefetch_l2(next + line * kLine);
       });
