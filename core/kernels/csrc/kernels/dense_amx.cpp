@@ -37,8 +37,9 @@ using amx::kTileK;
 // prefetch gains 2-4% at 64-96 rows over the hardware prefetcher alone, nothing at fewer.
 // Measured no faster (within +-5% at 32-96 rows): the prefetcht2 hint, plain loads in place
 // of the prefetches, the whole next strip requested during the first block only; slower: all
-// of it at once at the strip's start (+10%), and the tiles' own lines requested into L1 two
-// steps ahead (+5-15% with aligned x; it only helped tile rows that straddle two lines).
+// of it at once at the strip's start (+10%), only one line in 8 .. 64 of it (to start the
+// hardware streamer per page: +50% at 64-96 rows), and the tiles' own lines requested into L1
+// two steps ahead (+5-15% with aligned x; it only helped tile rows that straddle two lines).
 constexpr int64_t kPrefetchStrips = 1;
 constexpr int64_t kLine = 64;
 
