@@ -32,9 +32,9 @@ TILE_K = 32  # input features per tile (16 bf16 pairs)
 # Fewer rows go to the streaming kernel (plugserve.kernels.skinny_linear).
 MIN_ROWS = skinny_linear.MAX_ROWS_BF16 + 1
 # Rows up to which the kernel beats oneDNN at the default model's layers, weights cold
-# (`python benchmarks/dense_amx_speed.py`, 2 threads): oneDNN's time / the kernel's 1.2-1.3
+# (`python benchmarks/dense_amx_speed.py`, 2 threads): oneDNN's time / the kernel's 1.2-1.4
 # at 9-32 rows (memory speed), 1.03-1.15 at 48-96 (each 32-row block of x is a pass over the
-# strip from L2), 0.9-1.05 at 128, 0.8 at 256.
+# strip from L2), 0.9-1.05 at 128 (0.94-0.95 measured again 2026-11-27), 0.8 at 256.
 MAX_ROWS = 96
 
 

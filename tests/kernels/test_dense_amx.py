@@ -54,6 +54,12 @@ def _check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor 
     (32, 64, 1536, False),
     (57, 300, 160, True),  # whole and partial 32-row blocks
     (128, 33, 32, False),
+    # Odd decode-batch rows: a tail of 1, 15, 17 or 31 rows after whole blocks, the tail from
+    # its aligned copy and the whole blocks straight from x.
+    (33, 64, 576, True),
+    (47, 96, 192, False),
+    (81, 40, 64, True),
+    (95, 70, 96, False),
 ])
 def test_matches_float64_within_bf16(rows: int, out: int, cols: int, bias: bool) -> None:
     _skip_without_amx()

@@ -9,8 +9,10 @@
 // contiguous run of strips (one contiguous stream, which the hardware prefetcher follows),
 // and while the tiles multiply one strip the next one is prefetched into L2 a slice per
 // product step. x is the A operand straight from its rows (the last partial block of 32
-// rows from a zero-padded copy). Up to 32 rows this runs at the read bandwidth; each further
-// 32-row block of x is another pass over the strip from L2 (core/kernels/README.md).
+// rows from a zero-padded, 64-byte aligned copy). Up to 32 rows this runs at the read
+// bandwidth; each further 32-row block of x is another pass over the strip from L2, which
+// does not hide behind the stream (core/kernels/README.md lists the orders and prefetches
+// measured against it).
 //
 // Compiled with the AMX flags only into the avx512_bf16 copy, and only where the compiler
 // takes them (plugserve.kernels.isa: PLUGSERVE_AMX); every other copy, and a CPU or OS
@@ -33,11 +35,16 @@ using amx::kTileK;
 // How far ahead of the strip being multiplied its thread prefetches, in strips (one strip is
 // 64 * K bytes: 36 KiB at K = 576, 96 KiB at K = 1536). Measured: 1, 2, 3 and 4 even; the
 // prefetch gains 2-4% at 64-96 rows over the hardware prefetcher alone, nothing at fewer.
+// Measured no faster (within +-5% at 32-96 rows): the prefetcht2 hint, plain loads in place
+// of the prefetches, the whole next strip requested during the first block only; slower: all
+// of it at once at the strip's start (+10%), only one line in 8 .. 64 of it (to start the
+// hardware streamer per page: +50% at 64-96 rows), and the tiles' own lines requested into L1
+// two steps ahead (+5-15% with aligned x; it only helped tile rows that straddle two lines).
 constexpr int64_t kPrefetchStrips = 1;
 constexpr int64_t kLine = 64;
 
 void dense_gemm(const DenseAmxArgs& a) {
-  const std::vector<BF16> x_tail = amx::x_tail(a);
+  const amx::XTail x_tail = amx::x_tail(a);
   const BF16* w = static_cast<const BF16*>(a.w_packed);
   const int64_t strip_bytes = kStrip * a.K * 2, strip_lines = strip_bytes / kLine;
   const int64_t strips = (a.N + kStrip - 1) / kStrip;

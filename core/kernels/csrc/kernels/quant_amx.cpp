@@ -92,7 +92,7 @@ void pack_strip(const QuantGemmArgs& a, int64_t n0, int64_t rows, BF16* strip) {
 
 template <QuantFormat Fmt, typename TO>
 void gemm_typed(const QuantGemmArgs& a) {
-  const std::vector<BF16> x_tail = amx::x_tail(a);
+  const amx::XTail x_tail = amx::x_tail(a);
   const int64_t strips = (a.N + kStrip - 1) / kStrip;
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
     configure_tiles();
