@@ -53,6 +53,9 @@ class TorchNativeMetadata:
     kernel_slots: torch.Tensor | None = None
     kernel_lens: torch.Tensor | None = None
     kernel_first_key: torch.Tensor | None = None
+    # the new tokens' slots as int64, where a full layer stores its k and v (made by the
+    # first layer's plan, read by the others)
+    kernel_store_slots: torch.Tensor | None = None
 
 
 class TorchNativeBackend(AttentionBackend):
@@ -211,12 +214,19 @@ class TorchNativeBackend(AttentionBackend):
         meta: TorchNativeMetadata = fb.attn_metadata
         if meta.kernel_slots is None:  # a draft's per-branch lists: `forward` builds them
             return None
-        # `set_kv` writes where `slots_for_layer` maps the new tokens' slots (its contract).
-        store_slots = fb.kv_pool.slots_for_layer(layer.layer_id, fb.out_cache_loc)
+        # `set_kv` writes where `slots_for_layer` maps the new tokens' slots (its contract:
+        # the same slots for a layer that is not windowed).
+        if fb.kv_pool.is_windowed(layer.layer_id):
+            store_slots = fb.kv_pool.slots_for_layer(layer.layer_id, fb.out_cache_loc)
+            store_slots = store_slots.to(torch.int64)
+        else:
+            if meta.kernel_store_slots is None:
+                meta.kernel_store_slots = fb.out_cache_loc.to(torch.int64)
+            store_slots = meta.kernel_store_slots
         slots, first_key, kv_lens = self._kernel_operands(layer, fb, meta)
         return PagedDecodePlan(
             fb.kv_pool.get_k(layer.layer_id), fb.kv_pool.get_v(layer.layer_id),
-            store_slots.to(torch.int64), slots, first_key, kv_lens, layer.scaling,
+            store_slots, slots, first_key, kv_lens, layer.scaling,
         )
 
     @staticmethod

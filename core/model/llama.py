@@ -270,6 +270,7 @@ class CausalLM(nn.Module):
             and all(layer.has_llama_form for layer in self.layers)
         )
         self._stack: decode_layer.DecodeStack | None = None
+        self._attention_layers: list[AttentionLayer] | None = None
         self._stack_generation = -1
         # Gemma multiplies the embeddings by sqrt(hidden_size) rounded to the model dtype.
         scale = None
@@ -290,13 +291,14 @@ class CausalLM(nn.Module):
         """Every (Llama-form) layer over the few rows of a decode step in compiled code: one
         call for the whole stack where the backend plans every layer's attention, else each
         layer's `forward_few_rows`."""
-        layers = self.decoder_layers
-        plans = [backend.paged_decode_plan(layer.self_attn.layer, forward_batch)
-                 for layer in layers]
+        if self._attention_layers is None:  # looked up once: a step has no time for modules
+            self._attention_layers = [layer.self_attn.layer for layer in self.decoder_layers]
+        plans = [backend.paged_decode_plan(attn, forward_batch)
+                 for attn in self._attention_layers]
         planned = [plan for plan in plans if plan is not None]
         if len(planned) == len(plans):
             return self._decode_stack().run(hidden, cos, sin, planned)
-        for layer, plan in zip(layers, plans, strict=True):
+        for layer, plan in zip(self.decoder_layers, plans, strict=True):
             hidden = layer.forward_few_rows(hidden, cos, sin, forward_batch, backend, plan)
         return hidden
 

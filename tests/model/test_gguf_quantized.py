@@ -19,6 +19,7 @@ from plugserve.model.layers import Embedding, Linear
 from plugserve.model.llama import CausalLM
 from plugserve.model.weight_bytes import weight_bytes
 from plugserve.quant.quantize import quantize
+from plugserve.quant.reference import dequantize_rows
 
 from .conftest import (
     PagedRunner,
@@ -112,6 +113,21 @@ def test_tied_embedding_is_looked_up_and_read_as_the_head_quantized(
     step = [3, 5]  # a decode step too
     torch.testing.assert_close(kept.decode(step).logits, dense.decode(step).logits,
                                rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_k"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_embedding_rows_are_the_references(qtype: str, dtype: torch.dtype) -> None:
+    """A lookup gives the rows `dequantize_rows` gives, bit for bit (Q8_0 by the compiled
+    decoder where it is built, the others by the reference)."""
+    weight = torch.randn(96, 256, generator=torch.Generator().manual_seed(3))
+    blocks = quantize(weight, qtype)
+    table = Embedding(96, 256, dtype=dtype, device="cpu")
+    table.hold_quantized([blocks], "int8")
+    ids = torch.tensor([[5, 0, 95], [5, 17, 42]])
+    looked_up = table(ids)
+    assert looked_up.shape == (2, 3, 256) and looked_up.dtype == dtype
+    assert torch.equal(looked_up, dequantize_rows(blocks, ids, dtype))
 
 
 def _iq4_nl_blocks(rows: int, cols: int, seed: int) -> np.ndarray:

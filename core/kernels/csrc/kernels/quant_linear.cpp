@@ -232,12 +232,32 @@ int64_t grain_rows(int64_t row_bytes) {
   return std::max<int64_t>(1, 16384 / std::max<int64_t>(row_bytes, 1));
 }
 
+#if defined(__AVX2__)
+constexpr int64_t kLeadBytes = 4096;  // of the weight asked for while x is rounded
+#endif
+
+// x rounded through int8 (this thread's buffers, reused by its next call), the first
+// kLeadBytes of the weight `w` (`bytes` long) asked into L2 before the rounding, so that
+// the first thread's stream has begun when the rows start (the copies with AVX2).
+template <typename T>
+const Int8Rows& rounded_x(const T* x, int64_t x_stride, int64_t M, int64_t K,
+                          const uint8_t* w, int64_t bytes) {
+#if defined(__AVX2__)
+  quant::prefetch_lines(w, kLeadBytes, reinterpret_cast<const char*>(w + bytes));
+#else
+  (void)w, (void)bytes;
+#endif
+  thread_local Int8Rows rows;
+  quant::quantize_rows_into(x, x_stride, M, K, rows);
+  return rows;
+}
+
 template <QuantFormat Fmt, typename T>
 void quant_linear_typed(const QuantLinearArgs& a) {
   const T* x = static_cast<const T*>(a.x);
   const int64_t grain = grain_rows(a.w_row_bytes);
   if (a.int8_activations) {
-    const Int8Rows xr = quant::quantize_rows(x, a.x_stride, a.M, a.K);
+    const Int8Rows& xr = rounded_x(x, a.x_stride, a.M, a.K, a.w, a.N * a.w_row_bytes);
     for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
       const int64_t M = std::min(kMaxRows, a.M - m0);
       at::parallel_for(0, a.N, grain, [&](int64_t begin, int64_t end) {
@@ -280,8 +300,8 @@ void quant_linear_typed(const QuantLinearArgs& a) {
 template <typename T>
 void quant_linear_parts_typed(const QuantLinearPartsArgs& p) {
   const QuantLinearArgs& first = p.parts[0];
-  const Int8Rows xr =
-      quant::quantize_rows(static_cast<const T*>(first.x), first.x_stride, first.M, first.K);
+  const Int8Rows& xr = rounded_x(static_cast<const T*>(first.x), first.x_stride, first.M,
+                                 first.K, first.w, first.N * first.w_row_bytes);
   int64_t rows = 0;
   for (int64_t i = 0; i < p.count; ++i) rows += p.parts[i].N;
   for (int64_t m0 = 0; m0 < first.M; m0 += kMaxRows) {

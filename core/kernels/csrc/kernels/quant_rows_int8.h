@@ -6,6 +6,7 @@
 // quant_dot_avx512.h (its comment has the method) and quant_dot_avx2.h.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -26,6 +27,15 @@ inline void prefetch_block_ahead(const uint8_t* b, int64_t bytes, const char* st
     const char* ahead = reinterpret_cast<const char*>(b) + off + kPrefetchBytes;
     if (ahead < stop) vec::prefetch_l2(ahead);
   }
+}
+
+// The lines of [from, from + bytes) into L2 at once, none at or past `stop`: the start of a
+// run of blocks, which the loops' own prefetches (kPrefetchBytes ahead of what they read)
+// never ask for.
+inline void prefetch_lines(const uint8_t* from, int64_t bytes, const char* stop) {
+  const char* p = reinterpret_cast<const char*>(from);
+  const char* end = std::min(p + bytes, stop);
+  for (; p < end; p += 64) vec::prefetch_l2(p);
 }
 
 inline uint32_t load_u32(const uint8_t* p) {
@@ -123,6 +133,7 @@ void rows_int8_fast(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, in
                     int64_t n_begin, int64_t n_end) {
   const XRows x(xr, m0);
   const char* stop = reinterpret_cast<const char*>(a.w + n_end * a.w_row_bytes);
+  prefetch_lines(a.w + n_begin * a.w_row_bytes, kPrefetchBytes, stop);
   TO* out = static_cast<TO*>(a.out);
   auto store = [&](int64_t n, int64_t rows, const float* y) {
     for (int64_t r = 0; r < rows; ++r)

@@ -21,9 +21,10 @@ struct Int8Rows {
   std::vector<float> sum16;        // [M, K / 16]: sum(xq) of each 16 (exact in float)
 };
 
+// x's rows rounded into r, whose vectors are resized (kept when r held this many rows
+// before: a decode step's calls reuse one per thread instead of allocating six).
 template <typename T>
-Int8Rows quantize_rows(const T* x, int64_t x_stride, int64_t M, int64_t K) {
-  Int8Rows r;
+void quantize_rows_into(const T* x, int64_t x_stride, int64_t M, int64_t K, Int8Rows& r) {
   const int64_t blocks = K / kBlock;
   r.K = K;
   r.q.resize(M * K);
@@ -71,8 +72,8 @@ Int8Rows quantize_rows(const T* x, int64_t x_stride, int64_t M, int64_t K) {
       r.sum16[2 * mb + 1] = static_cast<float>(sums[1]);
     }
   }
-  return r;
 }
+
 
 // Row m0 of an Int8Rows and the M - 1 after it, as the few-row kernels read them.
 struct XRows {
