@@ -291,10 +291,7 @@ class CausalLM(nn.Module):
         """Every (Llama-form) layer over the few rows of a decode step in compiled code: one
         call for the whole stack where the backend plans every layer's attention, else each
         layer's `forward_few_rows`."""
-        if self._attention_layers is None:  # looked up once: a step has no time for modules
-            self._attention_layers = [layer.self_attn.layer for layer in self.decoder_layers]
-        plans = [backend.paged_decode_plan(attn, forward_batch)
-                 for attn in self._attention_layers]
+        plans = self._decode_plans(forward_batch, backend)
         planned = [plan for plan in plans if plan is not None]
         if len(planned) == len(plans):
             return self._decode_stack().run(hidden, cos, sin, planned)
@@ -314,13 +311,19 @@ class CausalLM(nn.Module):
         stack = self._decode_stack()
         if not stack.takes_batch(hidden):
             return None
-        plans = []
-        for layer in self.decoder_layers:
-            plan = backend.paged_decode_plan(layer.self_attn.layer, forward_batch)
-            if plan is None:
-                return None
-            plans.append(plan)
-        return stack.run(hidden, cos, sin, plans)
+        plans = self._decode_plans(forward_batch, backend)
+        planned = [plan for plan in plans if plan is not None]
+        if len(planned) != len(plans):
+            return None
+        return stack.run(hidden, cos, sin, planned)
+
+    def _decode_plans(
+        self, forward_batch: ForwardBatch, backend: AttentionBackend
+    ) -> list[PagedDecodePlan | None]:
+        """Each layer's paged-decode plan from the backend (None where it has none)."""
+        if self._attention_layers is None:  # looked up once: a step has no time for modules
+            self._attention_layers = [layer.self_attn.layer for layer in self.decoder_layers]
+        return [backend.paged_decode_plan(attn, forward_batch) for attn in self._attention_layers]
 
     def _decode_stack(self) -> decode_layer.DecodeStack:
         """The layers held for one-call decode steps; built again once a parameter object
