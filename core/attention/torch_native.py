@@ -67,7 +67,7 @@ class TorchNativeBackend(AttentionBackend):
         # a CPU where SDPA multiplies on AMX tiles.
         self.prefill_kernel = (
             ctx.device.type == "cpu" and ctx.head_dim % 16 == 0 and prefill_kernel.available()
-            and prefill_kernel.isa() != "none" and not prefill_kernel.sdpa_is_faster(ctx.dtype)
+            and prefill_kernel.isa() != "none" and not prefill_kernel.sdpa_is_faster(ctx.dtype, ctx.head_dim)
         )
 
     def _extend_by_kernel(self, fb: ForwardBatch) -> bool:
