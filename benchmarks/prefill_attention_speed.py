@@ -5,7 +5,7 @@ length: milliseconds per layer at the default model's shape (9 query / 3 KV head
     python benchmarks/prefill_attention_speed.py [--tokens 150,512,1024] [--dtype bfloat16]
         [--prefix 0] [--heads 9 --kv-heads 3 --head-dim 64] [--threads 2]
 
-SDPA runs as the backend calls it: [H, E, D] views, is_causal without a prefix, a boolean
+SDPA runs as the backend calls it: [1, H, E, D] views, is_causal without a prefix, a boolean
 mask with one (and then K/V of the query heads' count). "vector" is the float32-vector
 kernel, "AMX" the AMX-tile one (bf16 on a CPU with AMX only). Inputs are random; best of
 --repeats calls.
@@ -27,15 +27,14 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
           prefix: int) -> torch.Tensor:
-    qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    if prefix == 0:
-        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale,
-                                              enable_gqa=q.shape[1] != k.shape[1])
-    tokens = q.shape[0]
-    q_pos = prefix + torch.arange(tokens)
-    mask = torch.arange(k.shape[0])[None, :] <= q_pos[:, None]
-    return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale,
-                                          enable_gqa=q.shape[1] != k.shape[1])
+    qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, H, E, D]
+    mask = None
+    if prefix > 0:
+        q_pos = prefix + torch.arange(q.shape[0])
+        mask = torch.arange(k.shape[0])[None, :] <= q_pos[:, None]
+    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=mask is None,
+                                         scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1)
 
 
 def main() -> None:

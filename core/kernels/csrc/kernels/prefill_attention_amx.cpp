@@ -40,7 +40,8 @@ using vec::BF16;
 
 constexpr int64_t kRows = 16;       // query tokens per task: the rows of a tile
 constexpr int64_t kKeyTile = 16;    // keys per score tile
-constexpr int64_t kBlockKeys = 64;  // keys per online-softmax step: four score tiles
+constexpr int64_t kBlockKeys = 256;  // keys per online-softmax step: sixteen score tiles
+constexpr int64_t kTileGroup = 64;  // keys per pass of the four C tiles over the scores
 constexpr int64_t kChunk = 32;      // bf16 values along the product's K per A tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -118,80 +119,93 @@ inline __mmask16 lanes(int64_t lo, int64_t hi) {
 }
 
 // One row's online-softmax step: s holds its raw scores for the block's first 16 n_tiles
-// keys, [vis0, vis1) of them visible. Writes the bf16 probabilities to prob (all 64, zero
-// outside the visible range), moves the running max m (of scaled scores, base 2) and sum l,
-// and rescales the row's accumulator o [D] by 2^(m_old - m_new).
+// keys, [vis0, vis1) of them visible. Writes the bf16 probabilities to prob (up to a whole
+// 32-key chunk, zero outside the visible range), moves the running max m (of scaled scores,
+// base 2) and sum l, and adds the previous block's products pv [D] into the row's
+// accumulator o [D], rescaled by 2^(m_old - m_new): o = (o + pv) * alpha.
 inline void softmax_row(const float* s, uint16_t* prob, int64_t n_tiles, int64_t vis0,
-                        int64_t vis1, float c, float& m, float& l, float* o, int64_t D) {
-  __mmask16 mask[4];
+                        int64_t vis1, float c, float& m, float& l, float* o, const float* pv,
+                        int64_t D) {
+  const bool all = vis0 == 0 && vis1 == n_tiles * kKeyTile;
   __m512 vmax = _mm512_set1_ps(kNegInf);
   for (int64_t t = 0; t < n_tiles; ++t) {
-    mask[t] = lanes(vis0 - t * 16, vis1 - t * 16);
-    vmax = _mm512_mask_max_ps(vmax, mask[t], vmax, _mm512_loadu_ps(s + t * 16));
+    const __mmask16 mask = all ? __mmask16(0xFFFF) : lanes(vis0 - t * 16, vis1 - t * 16);
+    vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_loadu_ps(s + t * 16));
   }
+  const int64_t chunk_tiles = (n_tiles + 1) / 2 * 2;  // P.V reads whole 32-key chunks
   const float block_max = _mm512_reduce_max_ps(vmax) * c;
   if (block_max == kNegInf) {  // nothing visible to this row here
-    _mm512_storeu_si512(prob, _mm512_setzero_si512());
-    _mm512_storeu_si512(prob + 32, _mm512_setzero_si512());
+    std::memset(prob, 0, chunk_tiles * kKeyTile * 2);
+    for (int64_t d = 0; d < D; d += 16) {
+      _mm512_storeu_ps(o + d, _mm512_add_ps(_mm512_loadu_ps(o + d), _mm512_loadu_ps(pv + d)));
+    }
     return;
   }
   const float m_new = std::max(m, block_max);
   // The first block a row sees has m = -inf and zero accumulators and sum: alpha is moot.
-  const float alpha = m == kNegInf ? 0.f : std::exp2(m - m_new);
+  const float alpha =
+      m == kNegInf ? 0.f : _mm512_cvtss_f32(exp2_poly(_mm512_set1_ps(m - m_new)));
   const __m512 vc = _mm512_set1_ps(c), vm = _mm512_set1_ps(m_new);
   __m512 sum = _mm512_setzero_ps();
-  for (int64_t t = 0; t < 4; ++t) {
-    if (t >= n_tiles) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(prob + t * 16), _mm256_setzero_si256());
-      continue;
-    }
-    const __m512 e = _mm512_maskz_mov_ps(
-        mask[t], exp2_poly(_mm512_fmsub_ps(_mm512_loadu_ps(s + t * 16), vc, vm)));
-    const __m256i bits = (__m256i)_mm512_cvtneps_pbh(e);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(prob + t * 16), bits);
-    // The sum adds the rounded values: the output is the mean with the weights it used.
-    sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
+  for (int64_t t = 0; t < n_tiles; ++t) {
+    __m512 e = exp2_poly(_mm512_fmsub_ps(_mm512_loadu_ps(s + t * 16), vc, vm));
+    if (!all) e = _mm512_maskz_mov_ps(lanes(vis0 - t * 16, vis1 - t * 16), e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(prob + t * 16),
+                        (__m256i)_mm512_cvtneps_pbh(e));
+    // The sum adds the values before their rounding to bf16 (unbiased, 2^-9 relative
+    // each): widening the rounded ones back would cost two more instructions a vector.
+    sum = _mm512_add_ps(sum, e);
   }
-  if (alpha != 1.f) {
-    const __m512 va = _mm512_set1_ps(alpha);
-    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), va));
+  if (chunk_tiles > n_tiles) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(prob + n_tiles * 16), _mm256_setzero_si256());
+  }
+  const __m512 va = _mm512_set1_ps(alpha);
+  for (int64_t d = 0; d < D; d += 16) {
+    const __m512 sum_o = _mm512_add_ps(_mm512_loadu_ps(o + d), _mm512_loadu_ps(pv + d));
+    _mm512_storeu_ps(o + d, _mm512_mul_ps(sum_o, va));
   }
   l = l * alpha + _mm512_reduce_add_ps(sum);
   m = m_new;
 }
 
-// scores [16][64] = q [16][D] . keys [b0, b0 + 64) of a K pack (tiles 0-3 C, 4 A, 5-7 B).
-inline void score_tiles(const BF16* q, int64_t D, const BF16* kpack, int64_t b0, float* scores) {
+// scores [16][kBlockKeys] = q [16][D] . keys [b0, b0 + 16 n_tiles) of a K pack, in passes
+// of 64 keys (the last one may run past n_tiles into the pack's padding); tiles 0-3 C, 4 A,
+// 5-7 B.
+inline void score_tiles(const BF16* q, int64_t D, const BF16* kpack, int64_t b0, int64_t n_tiles,
+                        float* scores) {
   const int64_t chunks = D / kChunk;
-  const BF16* kt = kpack + (b0 / kKeyTile) * chunks * amx::kTileElems;
-  const auto tile = [&](int64_t t, int64_t c) { return kt + (t * chunks + c) * amx::kTileElems; };
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t c = 0; c < chunks; ++c) {
-    _tile_loadd(4, q + c * kChunk, D * 2);
-    _tile_loadd(5, tile(0, c), 64);
-    _tile_loadd(6, tile(1, c), 64);
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_loadd(7, tile(2, c), 64);
-    _tile_dpbf16ps(1, 4, 6);
-    _tile_loadd(5, tile(3, c), 64);
-    _tile_dpbf16ps(2, 4, 7);
-    _tile_dpbf16ps(3, 4, 5);
-  }
   constexpr int64_t stride = kBlockKeys * 4;
-  _tile_stored(0, scores, stride);
-  _tile_stored(1, scores + 16, stride);
-  _tile_stored(2, scores + 32, stride);
-  _tile_stored(3, scores + 48, stride);
+  for (int64_t t0 = 0; t0 < n_tiles; t0 += 4) {
+    const BF16* kt = kpack + (b0 / kKeyTile + t0) * chunks * amx::kTileElems;
+    const auto tile = [&](int64_t t, int64_t c) { return kt + (t * chunks + c) * amx::kTileElems; };
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t c = 0; c < chunks; ++c) {
+      _tile_loadd(4, q + c * kChunk, D * 2);
+      _tile_loadd(5, tile(0, c), 64);
+      _tile_loadd(6, tile(1, c), 64);
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_loadd(7, tile(2, c), 64);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_loadd(5, tile(3, c), 64);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+    float* st = scores + t0 * kKeyTile;
+    _tile_stored(0, st, stride);
+    _tile_stored(1, st + 16, stride);
+    _tile_stored(2, st + 32, stride);
+    _tile_stored(3, st + 48, stride);
+  }
 }
 
-// o [16][D] += prob [16][64] . values [b0, b0 + 64) of a V pack; only the first 32 keys
-// where the block's last 32 have probability 0 (n_tiles <= 2).
+// pv [16][D] = prob [16][kBlockKeys] . values [b0, b0 + 16 n_tiles) of a V pack, in 32-key
+// chunks (prob is zero past n_tiles up to the chunk's end).
 inline void value_tiles(const uint16_t* prob, int64_t n_tiles, const BF16* vpack, int64_t padded,
                         int64_t b0, float* o, int64_t D) {
-  const int64_t key_chunks = n_tiles > 2 ? 2 : 1;
+  const int64_t key_chunks = (n_tiles + 1) / 2;
   const auto tile = [&](int64_t dc, int64_t kc) {
     return vpack + (dc * (padded / 2) + (b0 + kc * kChunk) / 2) * 32;
   };
@@ -200,12 +214,10 @@ inline void value_tiles(const uint16_t* prob, int64_t n_tiles, const BF16* vpack
     // D / 16 is even (D % 32 == 0): the last group may hold 2 chunks of dims.
     const bool four = D / 16 - d0 >= 4;
     float* od = o + d0 * 16;
-    _tile_loadd(0, od, o_stride);
-    _tile_loadd(1, od + 16, o_stride);
-    if (four) {
-      _tile_loadd(2, od + 32, o_stride);
-      _tile_loadd(3, od + 48, o_stride);
-    }
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
     for (int64_t kc = 0; kc < key_chunks; ++kc) {
       _tile_loadd(4, prob + kc * kChunk, kBlockKeys * 2);
       _tile_loadd(5, tile(d0, kc), 64);
@@ -234,9 +246,10 @@ void attend(const PrefillArgs& a, const Shape& s, const BF16* kpack, const BF16*
   at::parallel_for(0, s.kv_heads * s.blocks, 1, [&](int64_t begin, int64_t end) {
     amx::configure_tiles();
     std::vector<BF16> q(G * kRows * D);
-    std::vector<float> o(G * kRows * D), row_max(G * kRows), row_sum(G * kRows);
-    alignas(64) float scores[kRows * kBlockKeys];
-    alignas(64) uint16_t prob[kRows * kBlockKeys];
+    // Per head of the group: accumulators, the last block's P.V, scores, probabilities.
+    std::vector<float> o(G * kRows * D), pv(G * kRows * D), row_max(G * kRows), row_sum(G * kRows);
+    std::vector<float> scores(G * kRows * kBlockKeys);
+    std::vector<uint16_t> prob(G * kRows * kBlockKeys);
     const BF16* q_in = static_cast<const BF16*>(a.q);
     BF16* out = static_cast<BF16*>(a.out);
     for (int64_t task = begin; task < end; ++task) {
@@ -252,6 +265,7 @@ void attend(const PrefillArgs& a, const Shape& s, const BF16* kpack, const BF16*
         }
       }
       std::fill(o.begin(), o.end(), 0.f);
+      std::fill(pv.begin(), pv.end(), 0.f);
       std::fill(row_max.begin(), row_max.end(), kNegInf);
       std::fill(row_sum.begin(), row_sum.end(), 0.f);
       const BF16* kp = kpack + h * s.padded * D;
@@ -263,14 +277,17 @@ void attend(const PrefillArgs& a, const Shape& s, const BF16* kpack, const BF16*
       const int64_t start = (lo - s.key_lo) / kKeyTile * kKeyTile;
       const int64_t stop = (last_pos + 1 - s.key_lo + kKeyTile - 1) / kKeyTile * kKeyTile;
       for (int64_t b0 = start; b0 < stop; b0 += kBlockKeys) {
-        const int64_t n_tiles = std::min<int64_t>(4, (stop - b0) / kKeyTile);
+        const int64_t n_tiles = std::min(kBlockKeys, stop - b0) / kKeyTile;
         const int64_t n = n_tiles * kKeyTile;
         const int64_t a0 = b0 + s.key_lo;  // position of the block's first key
         const bool masked =
             a0 + n - 1 > first_pos || (s.window > 0 && a0 <= last_pos - s.window);
+        // Tiles, vectors, tiles: each head's scores are stored (and its probabilities
+        // written) long before they are read, so no tile load waits on a store in flight.
         for (int64_t g = 0; g < G; ++g) {
-          score_tiles(&q[g * kRows * D], D, kp, b0, scores);
-          float* og = &o[g * kRows * D];
+          score_tiles(&q[g * kRows * D], D, kp, b0, n_tiles, &scores[g * kRows * kBlockKeys]);
+        }
+        for (int64_t g = 0; g < G; ++g) {
           for (int64_t r = 0; r < kRows; ++r) {
             int64_t vis0 = 0, vis1 = n;
             if (masked) {
@@ -279,10 +296,14 @@ void attend(const PrefillArgs& a, const Shape& s, const BF16* kpack, const BF16*
               vis1 = std::clamp<int64_t>(pos + 1 - a0, 0, n);
               if (s.window > 0) vis0 = std::clamp<int64_t>(pos - s.window + 1 - a0, 0, n);
             }
-            softmax_row(scores + r * kBlockKeys, prob + r * kBlockKeys, n_tiles, vis0, vis1, c,
-                        row_max[g * kRows + r], row_sum[g * kRows + r], og + r * D, D);
+            const int64_t row = g * kRows + r;
+            softmax_row(&scores[row * kBlockKeys], &prob[row * kBlockKeys], n_tiles, vis0, vis1,
+                        c, row_max[row], row_sum[row], &o[row * D], &pv[row * D], D);
           }
-          value_tiles(prob, n_tiles, vp, s.padded, b0, og, D);
+        }
+        for (int64_t g = 0; g < G; ++g) {
+          value_tiles(&prob[g * kRows * kBlockKeys], n_tiles, vp, s.padded, b0,
+                      &pv[g * kRows * D], D);
         }
       }
 
@@ -291,10 +312,12 @@ void attend(const PrefillArgs& a, const Shape& s, const BF16* kpack, const BF16*
           // Every row sees at least its own key, so the sum is positive; guard anyway.
           const float sum = row_sum[g * kRows + r];
           const __m512 inv = _mm512_set1_ps(sum > 0.f ? 1.f / sum : 0.f);
-          const float* src = &o[(g * kRows + r) * D];
+          const float* acc = &o[(g * kRows + r) * D];
+          const float* last = &pv[(g * kRows + r) * D];  // the last block's P.V
           BF16* dst = out + ((i0 + r) * s.heads + h * G + g) * D;
           for (int64_t d = 0; d < D; d += 16) {
-            const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(src + d), inv);
+            const __m512 x = _mm512_mul_ps(
+                _mm512_add_ps(_mm512_loadu_ps(acc + d), _mm512_loadu_ps(last + d)), inv);
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d),
                                 (__m256i)_mm512_cvtneps_pbh(x));
           }
@@ -320,7 +343,7 @@ bool prefill_attention_amx(const PrefillArgs& a) {
   // With a window no query sees a key before position prefix - window + 1: not packed.
   s.key_lo = a.window > 0 ? std::max<int64_t>(a.prefix - a.window + 1, 0) : 0;
   s.keys = a.prefix + a.tokens - s.key_lo;
-  s.padded = (s.keys + kKeyTile - 1) / kKeyTile * kKeyTile + kBlockKeys;
+  s.padded = (s.keys + kKeyTile - 1) / kKeyTile * kKeyTile + kTileGroup;
   s.blocks = (s.tokens + kRows - 1) / kRows;
   s.scale = a.scale;
   const int64_t elements = s.kv_heads * s.padded * s.dim, tiles = s.padded / kKeyTile;
