@@ -18,8 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from plugserve.kernels import build
-from plugserve.kernels import dense_amx
+from plugserve.kernels import build, dense_amx
 from plugserve.kernels import isa as cpu_isa
 
 AMX_HEAD_DIM_MULTIPLE = 32  # the AMX kernel's head_dim: whole 32-value tile rows
@@ -43,7 +42,7 @@ def isa() -> str:
     "avx2", "neon", "sve256"), or "none" for the scalar copy. For head_dim % 16 == 0 the
     vector copies are 1.8-3x faster than SDPA on a 2-core Zen 4; with "none" (or another
     head_dim) the kernel runs plain loops, correct but slower than SDPA, so a caller should
-    keep SDPA there."""
+    keep SDPA there. (Where `amx_applies`, bf16 runs the AMX kernel instead.)"""
     library = build.library()
     if library is None:
         raise RuntimeError(f"the prefill_attention CPU kernel is unavailable: {why_unavailable()}")
@@ -65,8 +64,10 @@ def sdpa_is_faster(dtype: torch.dtype, head_dim: int) -> bool:
     a CPU with AMX-BF16 (AMX-FP16), where torch's flash attention multiplies its
     half-precision blocks on the AMX tiles, unless the AMX kernel runs (`amx_applies`: bf16,
     head_dim % 32 == 0). Measured on a 2-core Xeon with AMX, bf16, 9 query / 3 KV heads of
-    64, causal, per layer (benchmarks/prefill_attention_speed.py): SDPA 2.63 ms against the
-    float32-vector kernel's 7.00 at 1,024 tokens; the AMX kernel FIGURES_AMX."""
+    64, causal, per layer (benchmarks/prefill_attention_speed.py): SDPA 2.55-2.64 ms against
+    the float32-vector kernel's 6.9-7.0 and the AMX kernel's 1.71-1.81 at 1,024 tokens, 0.86 /
+    1.9 / 0.51-0.53 at 512, 0.16 / 0.21 / 0.09-0.10 at 150; with a 512-token cached prefix
+    (SDPA then needs a boolean mask) 6.77 / 13.2 / 3.59 at 1,024."""
     flag = {torch.bfloat16: "amx_bf16", torch.float16: "amx_fp16"}.get(dtype)
     return flag is not None and cpu_isa.has_cpu_flag(flag) and not amx_applies(dtype, head_dim)
 
