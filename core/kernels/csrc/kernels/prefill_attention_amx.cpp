@@ -33,6 +33,7 @@
 #include <ATen/Parallel.h>
 
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "../vec/pvec.h"
@@ -354,15 +355,18 @@ bool prefill_attention_amx(const PrefillArgs& a) {
   s.blocks = (s.tokens + kRows - 1) / kRows;
   s.scale = a.scale;
   const int64_t elements = s.kv_heads * s.padded * s.dim, tiles = s.padded / kKeyTile;
-  std::vector<BF16> kpack(elements), vpack(elements);
+  // The packing writes every element (zeros past the keys): no zero-fill first.
+  std::unique_ptr<BF16[]> kbuf(new BF16[elements]), vbuf(new BF16[elements]);
+  BF16* kpack = kbuf.get();
+  BF16* vpack = vbuf.get();
   at::parallel_for(0, s.kv_heads * tiles, 8, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t h = t / tiles, first = (t % tiles) * kKeyTile;
-      pack_k_tile(a, s, h, first, kpack.data() + h * s.padded * s.dim + first * s.dim);
-      pack_v_tile(a, s, h, first, vpack.data() + h * s.padded * s.dim);
+      pack_k_tile(a, s, h, first, kpack + h * s.padded * s.dim + first * s.dim);
+      pack_v_tile(a, s, h, first, vpack + h * s.padded * s.dim);
     }
   });
-  attend(a, s, kpack.data(), vpack.data());
+  attend(a, s, kpack, vpack);
   return true;
 }
 
