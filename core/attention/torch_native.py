@@ -13,7 +13,7 @@ bf16 or fp8, widened as it is read). Causal extend (no tree mask; a cached prefi
 and a sliding window are fine) runs `plugserve.kernels.prefill_attention`, a flash-attention
 loop that skips the masked keys, 1.8x (fp32) to 3x (bf16) faster than SDPA's at 1,024
 tokens on a Zen 4. In bf16 on a CPU with AMX it runs its AMX copy (head_dim a multiple of
-32: 1.5x SDPA's flash attention at 1,024 tokens, 1.6x at 512); for another head_dim there,
+32: 1.4-1.7x SDPA's flash attention at 512-1,024 tokens); for another head_dim there,
 SDPA (which multiplies on the AMX tiles too) is the faster one and runs instead
 (`prefill_attention.sdpa_is_faster`). Where the
 kernels cannot be built (no compiler, no AVX-512 for the prefill one,

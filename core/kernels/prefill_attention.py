@@ -64,10 +64,10 @@ def sdpa_is_faster(dtype: torch.dtype, head_dim: int) -> bool:
     a CPU with AMX-BF16 (AMX-FP16), where torch's flash attention multiplies its
     half-precision blocks on the AMX tiles, unless the AMX kernel runs (`amx_applies`: bf16,
     head_dim % 32 == 0). Measured on a 2-core Xeon with AMX, bf16, 9 query / 3 KV heads of
-    64, causal, per layer (benchmarks/prefill_attention_speed.py): SDPA 2.55-2.64 ms against
-    the float32-vector kernel's 6.9-7.0 and the AMX kernel's 1.71-1.81 at 1,024 tokens, 0.86 /
-    1.9 / 0.51-0.53 at 512, 0.16 / 0.21 / 0.09-0.10 at 150; with a 512-token cached prefix
-    (SDPA then needs a boolean mask) 6.77 / 13.2 / 3.59 at 1,024."""
+    64, causal, per layer (benchmarks/prefill_attention_speed.py, four runs): SDPA 2.52-2.82
+    ms against the float32-vector kernel's 6.9-7.1 and the AMX kernel's 1.51-1.99 at 1,024
+    tokens, 0.79-0.91 / 1.9 / 0.45-0.56 at 512, 0.15-0.17 / 0.21 / 0.08 at 150; with a
+    512-token cached prefix (SDPA then needs a boolean mask) 6.58 / 13.1 / 3.03 at 1,024."""
     flag = {torch.bfloat16: "amx_bf16", torch.float16: "amx_fp16"}.get(dtype)
     return flag is not None and cpu_isa.has_cpu_flag(flag) and not amx_applies(dtype, head_dim)
 

@@ -22,10 +22,11 @@
 // hands out have about the same causal work.
 //
 // Measured (benchmarks/prefill_attention_speed.py, 2-core Xeon with AMX, 9 / 3 heads of 64,
-// ms per layer): 0.51-0.53 at 512 tokens and 1.71-1.81 at 1,024 against SDPA's 0.86 and
-// 2.55-2.64 (1.6x, 1.5x). Tried and slower: steps of 64, 128 or 512 keys; one pipeline that
-// interleaves each head's softmax rows with the tile work of its neighbours (2 C tiles per
-// product); each K / V tile loaded once for all heads of the group (4 C tiles, one per head).
+// ms per layer, four runs): 0.45-0.56 at 512 tokens and 1.51-1.99 at 1,024 against SDPA's
+// 0.79-0.91 and 2.52-2.82 (1.4-1.8x). Tried and not faster: steps of 64, 128 or 512 keys; a
+// pipeline interleaving each head's softmax rows with the tile work of its neighbours; each
+// K / V tile loaded once for all heads of the group; 32-key score passes on alternating
+// tiles; a degree-3 exp2 (core/kernels/README.md).
 //
 // Compiled with the AMX flags only into the avx512_bf16 copy (plugserve.kernels.isa:
 // PLUGSERVE_AMX); every other copy, a CPU or OS without AMX, another dtype or head_dim
