@@ -12,8 +12,10 @@ computes in float32 whatever the cache's dtype (the model's, or a narrower `kv_c
 bf16 or fp8, widened as it is read). Causal extend (no tree mask; a cached prefix
 and a sliding window are fine) runs `plugserve.kernels.prefill_attention`, a flash-attention
 loop that skips the masked keys, 1.8x (fp32) to 3x (bf16) faster than SDPA's at 1,024
-tokens on a Zen 4; in bf16 on a CPU with AMX, SDPA (whose flash attention multiplies on the
-AMX tiles) is the faster one and runs instead (`prefill_attention.sdpa_is_faster`). Where the
+tokens on a Zen 4. In bf16 on a CPU with AMX it runs its AMX copy (head_dim a multiple of
+32: 1.4-1.7x SDPA's flash attention at 512-1,024 tokens); for another head_dim there,
+SDPA (which multiplies on the AMX tiles too) is the faster one and runs instead
+(`prefill_attention.sdpa_is_faster`). Where the
 kernels cannot be built (no compiler, no AVX-512 for the prefill one,
 `PLUGSERVE_CPU_KERNELS=0`) both use `scaled_dot_product_attention`.
 """
@@ -67,10 +69,10 @@ class TorchNativeBackend(AttentionBackend):
         self.decode_kernel = ctx.device.type == "cpu" and paged_decode_kernel.available()
         # Its plain loops (no AVX-512, or a head_dim its vector code does not take) are
         # correct but slower than SDPA: vector builds and head_dims only; and not in bf16 on
-        # a CPU where SDPA multiplies on AMX tiles.
+        # a CPU where SDPA multiplies on AMX tiles, unless the kernel's AMX copy applies.
         self.prefill_kernel = (
             ctx.device.type == "cpu" and ctx.head_dim % 16 == 0 and prefill_kernel.available()
-            and prefill_kernel.isa() != "none" and not prefill_kernel.sdpa_is_faster(ctx.dtype)
+            and prefill_kernel.isa() != "none" and not prefill_kernel.sdpa_is_faster(ctx.dtype, ctx.head_dim)
         )
 
     def _extend_by_kernel(self, fb: ForwardBatch) -> bool:

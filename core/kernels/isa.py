@@ -15,7 +15,7 @@ can run. On x86-64 the ladder is
 
 and on 64-bit Arm `neon` (baseline) and `sve256` (SVE with 256-bit vectors, e.g. Graviton 3).
 A copy may compile some of its sources with more flags (`OptIn`: the avx512_bf16 copy's AMX
-kernels, `csrc/kernels/quant_amx.cpp` and `dense_amx.cpp`) where the compiler takes them;
+kernels, `csrc/kernels/quant_amx.cpp`, `dense_amx.cpp` and `prefill_attention_amx.cpp`) where the compiler takes them;
 the source then sees the opt-in's macro and checks the CPU at run time itself (elsewhere it
 compiles a stub).
 `ladder()` lists the ones this machine can run, lowest first; only those are compiled
@@ -48,7 +48,8 @@ class OptIn:
 
 
 # AMX tiles with bf16 dot products (Sapphire Rapids): GCC >= 11 / Clang >= 12 and binutils
-# >= 2.36 know them. Two sources take them: the quantized and the dense bf16 AMX kernels.
+# >= 2.36 know them. Three sources take them: the quantized and the dense bf16 AMX linears and
+# the bf16 prefill attention.
 _AMX_FLAGS = ("-mamx-tile", "-mamx-bf16")
 _AMX_PROBE = (
     "#include <immintrin.h>\n"
@@ -56,6 +57,7 @@ _AMX_PROBE = (
 )
 AMX_BF16 = OptIn("quant_amx.cpp", _AMX_FLAGS, "PLUGSERVE_AMX", _AMX_PROBE)
 AMX_BF16_DENSE = OptIn("dense_amx.cpp", _AMX_FLAGS, "PLUGSERVE_AMX", _AMX_PROBE)
+AMX_BF16_PREFILL = OptIn("prefill_attention_amx.cpp", _AMX_FLAGS, "PLUGSERVE_AMX", _AMX_PROBE)
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ _X86 = (
         "AVX512_BF16", ("AVX512",),
         frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c", "avx512_bf16",
                    "avx512_vnni"}),
-        (AMX_BF16, AMX_BF16_DENSE),
+        (AMX_BF16, AMX_BF16_DENSE, AMX_BF16_PREFILL),
     ),
 )
 _ARM = (

@@ -14,7 +14,7 @@ from plugserve.kernels import compile as compile_mod
 from plugserve.kernels import isa as isa_mod
 
 BF16 = isa_mod.by_name("avx512_bf16")
-AMX_SOURCES = ("quant_amx.cpp", "dense_amx.cpp")
+AMX_SOURCES = ("quant_amx.cpp", "dense_amx.cpp", "prefill_attention_amx.cpp")
 
 
 def _spec(isas: tuple[isa_mod.Isa, ...]) -> compile_mod.LibrarySpec:

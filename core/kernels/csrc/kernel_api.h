@@ -274,6 +274,7 @@ struct DenseAmxArgs {
   X(int64_t, panel_gemm_width, ())                             \
   X(void, paged_decode, (const PagedDecodeArgs& args))         \
   X(void, prefill_attention, (const PrefillArgs& args))        \
+  X(bool, prefill_attention_amx, (const PrefillArgs& args))    \
   X(void, rms_norm, (const NormArgs& args))                    \
   X(void, add_rms_norm, (const NormArgs& args))                \
   X(void, silu_mul, (const SiluMulArgs& args))                 \

@@ -1,5 +1,6 @@
 // Attention ops: decode over the paged cache (kernels/paged_decode.cpp), the KV store, and
-// causal prefill of one sequence (kernels/prefill_attention.cpp).
+// causal prefill of one sequence (kernels/prefill_attention.cpp, and in bf16 on AMX
+// kernels/prefill_attention_amx.cpp).
 #include "common.h"
 
 namespace plugserve::ops {
@@ -101,34 +102,33 @@ void store_rows_op(at::Tensor buffer, at::Tensor slots, at::Tensor rows, double 
   store_rows(buffer, slots.contiguous(), rows, scale);
 }
 
-at::Tensor prefill_attention(at::Tensor q, at::Tensor k, at::Tensor v, double scale,
-                             int64_t prefix_len, int64_t window) {
+// The checked arguments of the prefill ops (`name`: the op, in the errors) and q made
+// contiguous; out is q's shape and dtype.
+PrefillArgs prefill_args(const char* name, at::Tensor& q, const at::Tensor& k,
+                         const at::Tensor& v, double scale, int64_t prefix_len, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3,
-              "prefill_attention: q must be [E, H, D], k and v [S, KVH, D]");
+              name, ": q must be [E, H, D], k and v [S, KVH, D]");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
-              "prefill_attention: q, k and v must share a dtype");
+              name, ": q, k and v must share a dtype");
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
-              "prefill_attention: CPU tensors only");
+              name, ": CPU tensors only");
   TORCH_CHECK(k.size(1) > 0 && v.size(1) == k.size(1) && q.size(1) % k.size(1) == 0,
-              "prefill_attention: heads must be a multiple of kv heads");
+              name, ": heads must be a multiple of kv heads");
   TORCH_CHECK(q.size(2) == k.size(2) && k.size(2) == v.size(2),
-              "prefill_attention: q, k and v must share head_dim");
-  TORCH_CHECK(prefix_len >= 0, "prefill_attention: prefix_len must be >= 0");
+              name, ": q, k and v must share head_dim");
+  TORCH_CHECK(prefix_len >= 0, name, ": prefix_len must be >= 0");
   TORCH_CHECK(k.size(0) == prefix_len + q.size(0) && v.size(0) == k.size(0),
-              "prefill_attention: k and v must hold prefix_len + E = ", prefix_len + q.size(0),
+              name, ": k and v must hold prefix_len + E = ", prefix_len + q.size(0),
               " tokens, got ", k.size(0), " and ", v.size(0));
-  TORCH_CHECK(window >= 0, "prefill_attention: window must be >= 1, or 0 for none");
+  TORCH_CHECK(window >= 0, name, ": window must be >= 1, or 0 for none");
   TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1,
-              "prefill_attention: k and v must be contiguous in head_dim (stride(-1) == 1)");
+              name, ": k and v must be contiguous in head_dim (stride(-1) == 1)");
   q = q.contiguous();
-  auto out = at::empty_like(q);
-  if (q.numel() == 0) return out;
   PrefillArgs a{};
   a.q = q.data_ptr();
   a.k = k.data_ptr();
   a.v = v.data_ptr();
-  a.out = out.data_ptr();
-  a.dtype = float_dtype(q, "prefill_attention");
+  a.dtype = float_dtype(q, name);
   a.k_token_stride = k.stride(0);
   a.k_head_stride = k.stride(1);
   a.v_token_stride = v.stride(0);
@@ -140,7 +140,31 @@ at::Tensor prefill_attention(at::Tensor q, at::Tensor k, at::Tensor v, double sc
   a.prefix = prefix_len;
   a.window = window;
   a.scale = static_cast<float>(scale);
+  return a;
+}
+
+at::Tensor prefill_attention(at::Tensor q, at::Tensor k, at::Tensor v, double scale,
+                             int64_t prefix_len, int64_t window) {
+  PrefillArgs a = prefill_args("prefill_attention", q, k, v, scale, prefix_len, window);
+  auto out = at::empty_like(q);
+  if (q.numel() == 0) return out;
+  a.out = out.data_ptr();
   kernels().prefill_attention(a);
+  return out;
+}
+
+// The AMX copy (kernels/prefill_attention_amx.cpp): bf16, head_dim a multiple of 32.
+at::Tensor prefill_attention_amx(at::Tensor q, at::Tensor k, at::Tensor v, double scale,
+                                 int64_t prefix_len, int64_t window) {
+  PrefillArgs a = prefill_args("prefill_attention_amx", q, k, v, scale, prefix_len, window);
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.size(2) % 32 == 0,
+              "prefill_attention_amx: bfloat16 with head_dim a multiple of 32 only, got ",
+              q.scalar_type(), " and head_dim ", q.size(2));
+  auto out = at::empty_like(q);
+  if (q.numel() == 0) return out;
+  a.out = out.data_ptr();
+  TORCH_CHECK(kernels().prefill_attention_amx(a), "prefill_attention_amx: the ", kernels().isa,
+              " kernels have no AMX here (ask amx_usable() first)");
   return out;
 }
 
@@ -156,4 +180,7 @@ TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
   m.def("prefill_attention(Tensor q, Tensor k, Tensor v, float scale, int prefix_len, "
         "int window) -> Tensor",
         &plugserve::ops::prefill_attention);
+  m.def("prefill_attention_amx(Tensor q, Tensor k, Tensor v, float scale, int prefix_len, "
+        "int window) -> Tensor",
+        &plugserve::ops::prefill_attention_amx);
 }
