@@ -38,10 +38,10 @@ namespace {
 using namespace vec;
 using namespace paged;
 
-// A task costs its keys plus this many (loading q, storing the output) when the work is
-// cut into one piece per thread; no piece is smaller than kMinPiece.
+// A row costs its keys plus this many (loading q, storing the output) when the work is
+// cut into one piece per thread; no piece is smaller than kMinPiece keys.
 constexpr int64_t kTaskCost = 8;
-constexpr int64_t kMinPiece = 256;
+constexpr int64_t kMinPiece = 96;
 
 // q rows of the queries' dtype as float32, and float32 results stored in it (a runtime
 // switch: the kernel itself is compiled once per cache type and head_dim, not per q type).
@@ -64,23 +64,24 @@ inline void store_output(const PagedDecodeArgs& a, int64_t offset, const float* 
 struct Scratch {
   std::vector<float> qf, kv_row, scores, dots;
   std::vector<BF16> qb;
-  Scratch(int64_t group, int64_t dim)
-      : qf(group * dim), kv_row(dim), dots(group * kBlock * kWidth, 0.f), qb(group * dim) {}
+  Scratch(int64_t heads, int64_t dim)
+      : qf(heads * dim), kv_row(dim), dots(heads * kBlock * kWidth, 0.f), qb(heads * dim) {}
 };
 
-// The softmax state of one task's query heads over some of its keys: running max, sum of
-// e^(score - max), and the output not yet divided by that sum ([group, dim]).
+// The softmax state of one row's query heads over some of its keys: running max, sum of
+// e^(score - max), and the output not yet divided by that sum ([heads, dim]).
 struct State {
   float* m;
   float* l;
   float* acc;
 };
 
-// Keys [j0, j1) (counted from first_key) of row i for the query heads of kv head h.
+// Keys [j0, j1) (counted from first_key) of row i for all its query heads: each key's rows
+// of all kv heads are read together (one run of kv_heads x dim elements in the usual layout).
 template <typename TK, int64_t kDim, bool kBf16>
-void attend(const PagedDecodeArgs& a, int64_t i, int64_t h, int64_t j0, int64_t j1,
-            Scratch& w, const State& st) {
-  const int64_t heads = a.heads, group = heads / a.kv_heads;
+void attend(const PagedDecodeArgs& a, int64_t i, int64_t j0, int64_t j1, Scratch& w,
+            const State& st) {
+  const int64_t heads = a.heads, kv_heads = a.kv_heads, group = heads / kv_heads;
   const int64_t dim = kDim > 0 ? kDim : a.dim;  // a constant lets the compiler unroll
   const int64_t n = j1 - j0;
   const int64_t start = std::max<int64_t>(a.first_key[i], 0) + j0;
@@ -89,36 +90,39 @@ void attend(const PagedDecodeArgs& a, int64_t i, int64_t h, int64_t j0, int64_t 
     TORCH_CHECK(row_slots[j] >= 0 && row_slots[j] < a.num_slots, "paged_decode: slot ",
                 row_slots[j], " of query ", i, " is outside the cache [0, ", a.num_slots, ")");
   }
-  load_query(a, (i * heads + h * group) * dim, w.qf.data(), group * dim);
+  load_query(a, i * heads * dim, w.qf.data(), heads * dim);
   if constexpr (kBf16) {
-    std::copy_n(static_cast<const BF16*>(a.q) + (i * heads + h * group) * dim, group * dim,
-                w.qb.data());
+    std::copy_n(static_cast<const BF16*>(a.q) + i * heads * dim, heads * dim, w.qb.data());
   }
-  w.scores.resize(group * n);  // every entry is written below
+  w.scores.resize(heads * n);  // every entry is written below
   float* scores = w.scores.data();
-  std::fill_n(st.m, group, -std::numeric_limits<float>::infinity());
-  const TK* k_base = static_cast<const TK*>(a.k) + h * a.k_head_stride;
-  const TK* v_base = static_cast<const TK*>(a.v) + h * a.v_head_stride;
+  std::fill_n(st.m, heads, -std::numeric_limits<float>::infinity());
+  const TK* k_base = static_cast<const TK*>(a.k);
+  const TK* v_base = static_cast<const TK*>(a.v);
   constexpr bool kVector = kDim > 0 && kDim % (4 * kWidth) == 0;
   if constexpr (kVector) {
-    scores_vec<TK, kDim, kBf16>(w.qf.data(), w.qb.data(), group, k_base, row_slots, n,
-                                a.k_token_stride, a.scale, a.k_scale, scores, st.m, v_base,
+    scores_vec<TK, kDim, kBf16>(w.qf.data(), w.qb.data(), kv_heads, group, k_base,
+                                a.k_head_stride, row_slots, n, a.k_token_stride, a.scale,
+                                a.k_scale, scores, st.m, v_base, a.v_head_stride,
                                 a.v_token_stride, w.dots.data());
   } else {
     for (int64_t j = 0; j < n; ++j) {
-      load_row(k_base + row_slots[j] * a.k_token_stride, w.kv_row.data(), dim, a.k_scale);
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qg = w.qf.data() + g * dim;
-        float dot = 0.f;
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        load_row(k_base + row_slots[j] * a.k_token_stride + h * a.k_head_stride,
+                 w.kv_row.data(), dim, a.k_scale);
+        for (int64_t g = h * group; g < (h + 1) * group; ++g) {
+          const float* qg = w.qf.data() + g * dim;
+          float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < dim; ++d) dot += qg[d] * w.kv_row[d];
-        const float score = dot * a.scale;
-        scores[g * n + j] = score;
-        st.m[g] = std::max(st.m[g], score);
+          for (int64_t d = 0; d < dim; ++d) dot += qg[d] * w.kv_row[d];
+          const float score = dot * a.scale;
+          scores[g * n + j] = score;
+          st.m[g] = std::max(st.m[g], score);
+        }
       }
     }
   }
-  for (int64_t g = 0; g < group; ++g) {
+  for (int64_t g = 0; g < heads; ++g) {
     float* __restrict s = scores + g * n;
     const float m = st.m[g];
     int64_t j = 0;
@@ -136,30 +140,34 @@ void attend(const PagedDecodeArgs& a, int64_t i, int64_t h, int64_t j0, int64_t 
     st.l[g] = sum;
   }
   if constexpr (kVector) {
-    values_vec<TK, kDim>(scores, n, group, v_base, row_slots, a.v_token_stride, a.v_scale,
-                         st.acc);
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      values_vec<TK, kDim>(scores + h * group * n, n, group, v_base + h * a.v_head_stride,
+                           row_slots, a.v_token_stride, a.v_scale, st.acc + h * group * dim);
+    }
   } else {
-    std::fill_n(st.acc, group * dim, 0.f);
+    std::fill_n(st.acc, heads * dim, 0.f);
     for (int64_t j = 0; j < n; ++j) {
-      load_row(v_base + row_slots[j] * a.v_token_stride, w.kv_row.data(), dim, a.v_scale);
-      for (int64_t g = 0; g < group; ++g) {
-        float* __restrict o = st.acc + g * dim;
-        const float p = scores[g * n + j];
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        load_row(v_base + row_slots[j] * a.v_token_stride + h * a.v_head_stride,
+                 w.kv_row.data(), dim, a.v_scale);
+        for (int64_t g = h * group; g < (h + 1) * group; ++g) {
+          float* __restrict o = st.acc + g * dim;
+          const float p = scores[g * n + j];
 #pragma omp simd
-        for (int64_t d = 0; d < dim; ++d) o[d] += p * w.kv_row[d];
+          for (int64_t d = 0; d < dim; ++d) o[d] += p * w.kv_row[d];
+        }
       }
     }
   }
 }
 
-// Task t's output: the states of its pieces (one when it was not cut) merged and divided
-// by their sum. A task with no keys (l == 0) gets zeros, as a fully masked softmax does not.
-void finish(const PagedDecodeArgs& a, int64_t t, const State* states, int64_t count,
+// Row i's output: the states of its pieces (one when it was not cut) merged and divided by
+// their sum. A row with no keys (l == 0) gets zeros, as a fully masked softmax does not.
+void finish(const PagedDecodeArgs& a, int64_t i, const State* states, int64_t count,
             float* acc) {
-  const int64_t group = a.heads / a.kv_heads, dim = a.dim;
-  const int64_t i = t / a.kv_heads, h = t % a.kv_heads;
-  for (int64_t g = 0; g < group; ++g) {
-    const int64_t offset = (i * a.heads + h * group + g) * dim;
+  const int64_t heads = a.heads, dim = a.dim;
+  for (int64_t g = 0; g < heads; ++g) {
+    const int64_t offset = (i * heads + g) * dim;
     if (count == 1) {
       const float l = states[0].l[g];
       store_output(a, offset, states[0].acc + g * dim, l > 0.f ? 1.f / l : 0.f, dim);
@@ -181,46 +189,43 @@ void finish(const PagedDecodeArgs& a, int64_t t, const State* states, int64_t co
 
 template <typename TK, int64_t kDim, bool kBf16>
 void decode(const PagedDecodeArgs& a) {
-  const int64_t kv_heads = a.kv_heads, group = a.heads / kv_heads, dim = a.dim;
-  const int64_t tasks = a.rows * kv_heads;
-  // Task t = (row t / kv_heads, kv head t % kv_heads) covers [cost[t], cost[t + 1]) of the
-  // tasks' keys laid end to end (plus kTaskCost each).
+  const int64_t heads = a.heads, dim = a.dim;
+  const int64_t tasks = a.rows;
+  // Row t covers [cost[t], cost[t + 1]) of the rows' keys laid end to end (plus kTaskCost
+  // each).
   std::vector<int64_t> cost(tasks + 1, 0), keys(a.rows);
   for (int64_t i = 0; i < a.rows; ++i) {
     const int64_t start = std::max<int64_t>(a.first_key[i], 0), stop = a.kv_lens[i];
     TORCH_CHECK(stop <= a.slot_width, "paged_decode: kv_lens[", i, "] = ", stop,
                 " exceeds the slot table's width ", a.slot_width);
     keys[i] = std::max<int64_t>(stop - start, 0);
-    for (int64_t h = 0; h < kv_heads; ++h) {
-      const int64_t t = i * kv_heads + h;
-      cost[t + 1] = cost[t] + keys[i] + kTaskCost;
-    }
+    cost[i + 1] = cost[i] + keys[i] + kTaskCost;
   }
   const int64_t total = cost[tasks];
   const int64_t pieces =
       std::clamp<int64_t>(total / kMinPiece, 1, std::max(at::get_num_threads(), 1));
-  // A task cut by a piece's ends keeps each part's state in a record: at most two per piece
-  // (its first task and its last), in piece order, merged once every piece is done.
-  const int64_t state_floats = group * (dim + 2);
+  // A row cut by a piece's ends keeps each part's state in a record: at most two per piece
+  // (its first row and its last), in piece order, merged once every piece is done.
+  const int64_t state_floats = heads * (dim + 2);
   std::vector<float> records(2 * pieces * state_floats);
   std::vector<int64_t> record_task(2 * pieces, -1);
-  auto record = [&](float* base) { return State{base, base + group, base + 2 * group}; };
+  auto record = [&](float* base) { return State{base, base + heads, base + 2 * heads}; };
 
   at::parallel_for(0, pieces, 1, [&](int64_t begin, int64_t end) {
-    Scratch w(group, dim);
+    Scratch w(heads, dim);
     std::vector<float> own(state_floats), acc(dim);
     for (int64_t p = begin; p < end; ++p) {
       const int64_t lo = total * p / pieces, hi = total * (p + 1) / pieces;
       int64_t t = std::upper_bound(cost.begin(), cost.end(), lo) - cost.begin() - 1;
       for (; t < tasks && cost[t] < hi; ++t) {
-        const int64_t i = t / kv_heads, n = keys[i];
+        const int64_t n = keys[t];
         const int64_t j0 = std::clamp<int64_t>(lo - cost[t], 0, n);
         const int64_t j1 = std::clamp<int64_t>(hi - cost[t], 0, n);
-        if (j0 == j1 && !(n == 0 && cost[t] >= lo)) continue;  // a keyless task: once
+        if (j0 == j1 && !(n == 0 && cost[t] >= lo)) continue;  // a keyless row: once
         const bool whole = j0 == 0 && j1 == n;
         const int64_t r = 2 * p + (j0 > 0 ? 0 : 1);
         const State st = record(whole ? own.data() : records.data() + r * state_floats);
-        attend<TK, kDim, kBf16>(a, i, t % kv_heads, j0, j1, w, st);
+        attend<TK, kDim, kBf16>(a, t, j0, j1, w, st);
         if (whole) {
           finish(a, t, &st, 1, acc.data());
         } else {
@@ -237,7 +242,7 @@ void decode(const PagedDecodeArgs& a) {
     parts.push_back(record(records.data() + r * state_floats));
     int64_t next = r + 1;
     while (next < 2 * pieces && record_task[next] < 0) ++next;
-    if (next == 2 * pieces || record_task[next] != record_task[r]) {  // the task's last part
+    if (next == 2 * pieces || record_task[next] != record_task[r]) {  // the row's last part
       finish(a, record_task[r], parts.data(), static_cast<int64_t>(parts.size()), acc.data());
       parts.clear();
     }
