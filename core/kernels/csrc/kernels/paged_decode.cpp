@@ -2,14 +2,15 @@
 //
 // One query token per row q[i] ([heads, head_dim]) attends to the keys at
 // slots[i, first_key[i] : kv_lens[i]] of the cache buffers k/v ([slots, kv_heads, head_dim]).
-// Nothing is gathered: each (row, kv head) task reads its keys and values where they lie,
-// once, widening bf16 / fp16 / fp8 to float32 on the fly, and computes the softmax in float32
-// for the query heads that share that kv head (grouped-query attention). The output has q's
+// Nothing is gathered: each row's task reads its keys and values where they lie, once (a
+// key's rows of all kv heads together: one run of kv_heads x head_dim elements), widening
+// bf16 / fp16 / fp8 to float32 on the fly, and computes the softmax in float32 for all query
+// heads, each against its group's kv head (grouped-query attention). The output has q's
 // dtype. The two passes of a task (scores, then values) are in paged_decode_passes.h.
 //
-// Work split: the tasks' keys, laid end to end (plus kTaskCost per task), are cut into one
+// Work split: the rows' keys, laid end to end (plus kTaskCost per row), are cut into one
 // equal piece per thread, so rows of unequal lengths balance and a long row is shared by
-// the threads (flash decoding): a task cut by a piece's end leaves each part's running max,
+// the threads (flash decoding): a row cut by a piece's end leaves each part's running max,
 // sum and unnormalised output, merged once the pieces are done.
 //
 // Measured (benchmarks/paged_decode_speed.py, SmolLM2-135M's 9 / 3 heads x 64, 30 layers'
@@ -19,11 +20,18 @@
 //   64 x 16..512 keys  bf16 947 -> 831   fp32 1430 -> 1341
 //   8 x 500            bf16 131 -> 120   fp32  246 -> 249
 //   1 x 1024           bf16  40 ->  33   fp32   61 ->  44
+// One task per row instead of per (row, kv head), each key's 384-byte bf16 run of the 3 kv
+// heads read at once, and the score prefetch 8 keys ahead instead of 24 (the same lines):
+// 2 threads, alternating runs of the old and new library, best of 11: 64 x 250 bf16
+// 806-930 -> 731-781, 64 x 16..512 bf16 820-898 -> 744-838, 1 x 1024 bf16 42 -> 33; one
+// thread (the other core busy), best of 7: 64 x 250 bf16 1665-1888 -> 1488-1614, 64 x
+// 16..512 bf16 1621-1991 -> 1579-1855, 8 x 500 bf16 367-459 -> 310-364, fp32 unchanged
+// (64 x 250 2935-3079 -> 2627-2986, 64 x 16..512 3049-3057 -> 2941-3036).
 // The reads are bound by the lines in flight, not by the arithmetic: software prefetches
 // each hold a fill buffer, so prefetching further (48 or 64 keys), nearer (12), only every
 // other line, or a whole block of keys at once all measured slower; a one-pass online
 // softmax over blocks of 16 keys (each block's keys and values touched once, in L1) measured
-// 5-50% slower than these two passes with their 24-key prefetch.
+// 5-50% slower than these two passes with their prefetch (then 24 keys of one kv head).
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 

@@ -1,7 +1,9 @@
 // The two passes of the paged decode (kernels/paged_decode.cpp) over one task's keys: the
-// scores of the query heads of one kv head, then their probabilities times the values.
+// scores of all query heads of one row, then their probabilities times the values.
 //
-// Score pass: each key's row is loaded once and dotted with every query head of the group.
+// Score pass: each key's rows of all kv heads are read together (one run of kv_heads x
+// head_dim elements in the [slots, kv_heads, head_dim] cache), each kv head's row dotted with
+// every query head of its group.
 // With a bf16 cache under bf16 queries the AVX-512 BF16 copy multiplies bf16 pairs with
 // vdpbf16ps (exact products, float32 sums: no rounding that float32 math would not do);
 // every other case widens the keys to float32. A dot is a vector of partial sums; those of 16
@@ -25,9 +27,15 @@ using E4M3 = c10::Float8_e4m3fn;
 using E5M2 = c10::Float8_e5m2;
 
 // Keys (and values) prefetched this many positions ahead: they lie at scattered pages. The
-// score pass asks for keys and values 24 ahead into L2, the value pass for values 16 ahead
-// into L1. Measured at 64 rows x 250 keys x 30 layers, bf16, 2 Zen 4 threads: 21.0 ms with
-// keys 16 ahead into L1 and values into L2, 17.5 ms like this (fp32: 33.7 -> 30.6 ms).
+// score pass asks for the keys and values of all kv heads 8 keys ahead into L2 (96 lines in
+// bf16, as many as 24 keys of one kv head were before a task read all kv heads), the value
+// pass for one kv head's values 16 ahead into L1. Measured at 64 rows x 250 keys x 30 layers,
+// bf16, 2 Zen 4 threads: 21.0 ms with keys 16 ahead into L1 and values into L2, 17.5 ms with
+// both into L2 (fp32: 33.7 -> 30.6 ms). On the 2-thread Xeon (AVX-512 BF16), bf16, us per
+// call at 64 x 250: 8 keys ahead ~760, 16 ~790, 6 and 12 ~860-920 (the lines in flight: 4 and
+// 24 keys were no better); keys into L1 instead ~930; only every other line ~1060; no
+// prefetch for a key that follows the previous one's slot (left to the hardware's streamer)
+// ~815 (64 x 16..512: ~910 against ~790).
 constexpr int64_t kScorePrefetchKeys = 8;
 constexpr int64_t kPrefetchKeys = 16;
 // Query heads per block of the value pass: GB x 4 accumulators + 4 values + 1 must fit.
