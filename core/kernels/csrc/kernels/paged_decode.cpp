@@ -23,7 +23,7 @@
 // One task per row instead of per (row, kv head), each key's 384-byte bf16 run of the 3 kv
 // heads read at once, and the score prefetch 8 keys ahead instead of 24 (the same lines):
 // 2 threads, alternating runs of the old and new library, best of 11: 64 x 250 bf16
-// 806-930 -> 731-781, 64 x 16..512 bf16 820-898 -> 744-838, 1 x 1024 bf16 42 -> 33; one
+// 806-940 -> 731-781, 64 x 16..512 bf16 820-898 -> 744-838, 1 x 1024 bf16 42 -> 33; one
 // thread (the other core busy), best of 7: 64 x 250 bf16 1665-1888 -> 1488-1614, 64 x
 // 16..512 bf16 1621-1991 -> 1579-1855, 8 x 500 bf16 367-459 -> 310-364, fp32 unchanged
 // (64 x 250 2935-3079 -> 2627-2986, 64 x 16..512 3049-3057 -> 2941-3036).
