@@ -2,14 +2,15 @@
 //
 // One query token per row q[i] ([heads, head_dim]) attends to the keys at
 // slots[i, first_key[i] : kv_lens[i]] of the cache buffers k/v ([slots, kv_heads, head_dim]).
-// Nothing is gathered: each (row, kv head) task reads its keys and values where they lie,
-// once, widening bf16 / fp16 / fp8 to float32 on the fly, and computes the softmax in float32
-// for the query heads that share that kv head (grouped-query attention). The output has q's
+// Nothing is gathered: each row's task reads its keys and values where they lie, once (a
+// key's rows of all kv heads together: one run of kv_heads x head_dim elements), widening
+// bf16 / fp16 / fp8 to float32 on the fly, and computes the softmax in float32 for all query
+// heads, each against its group's kv head (grouped-query attention). The output has q's
 // dtype. The two passes of a task (scores, then values) are in paged_decode_passes.h.
 //
-// Work split: the tasks' keys, laid end to end (plus kTaskCost per task), are cut into one
+// Work split: the rows' keys, laid end to end (plus kTaskCost per row), are cut into one
 // equal piece per thread, so rows of unequal lengths balance and a long row is shared by
-// the threads (flash decoding): a task cut by a piece's end leaves each part's running max,
+// the threads (flash decoding): a row cut by a piece's end leaves each part's running max,
 // sum and unnormalised output, merged once the pieces are done.
 //
 // Measured (benchmarks/paged_decode_speed.py, SmolLM2-135M's 9 / 3 heads x 64, 30 layers'
@@ -19,11 +20,18 @@
 //   64 x 16..512 keys  bf16 947 -> 831   fp32 1430 -> 1341
 //   8 x 500            bf16 131 -> 120   fp32  246 -> 249
 //   1 x 1024           bf16  40 ->  33   fp32   61 ->  44
+// One task per row instead of per (row, kv head), each key's 384-byte bf16 run of the 3 kv
+// heads read at once, and the score prefetch 8 keys ahead instead of 24 (the same lines):
+// 2 threads, alternating runs of the old and new library, best of 11: 64 x 250 bf16
+// 806-940 -> 731-781, 64 x 16..512 bf16 820-898 -> 744-838, 1 x 1024 bf16 42 -> 33; one
+// thread (the other core busy), best of 7: 64 x 250 bf16 1665-1888 -> 1488-1614, 64 x
+// 16..512 bf16 1621-1991 -> 1579-1855, 8 x 500 bf16 367-459 -> 310-364, fp32 unchanged
+// (64 x 250 2935-3079 -> 2627-2986, 64 x 16..512 3049-3057 -> 2941-3036).
 // The reads are bound by the lines in flight, not by the arithmetic: software prefetches
 // each hold a fill buffer, so prefetching further (48 or 64 keys), nearer (12), only every
 // other line, or a whole block of keys at once all measured slower; a one-pass online
 // softmax over blocks of 16 keys (each block's keys and values touched once, in L1) measured
-// 5-50% slower than these two passes with their 24-key prefetch.
+// 5-50% slower than these two passes with their prefetch (then 24 keys of one kv head).
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -38,10 +46,10 @@ namespace {
 using namespace vec;
 using namespace paged;
 
-// A task costs its keys plus this many (loading q, storing the output) when the work is
-// cut into one piece per thread; no piece is smaller than kMinPiece.
+// A row costs its keys plus this many (loading q, storing the output) when the work is
+// cut into one piece per thread; no piece is smaller than kMinPiece keys.
 constexpr int64_t kTaskCost = 8;
-constexpr int64_t kMinPiece = 256;
+constexpr int64_t kMinPiece = 96;
 
 // q rows of the queries' dtype as float32, and float32 results stored in it (a runtime
 // switch: the kernel itself is compiled once per cache type and head_dim, not per q type).
@@ -64,23 +72,24 @@ inline void store_output(const PagedDecodeArgs& a, int64_t offset, const float* 
 struct Scratch {
   std::vector<float> qf, kv_row, scores, dots;
   std::vector<BF16> qb;
-  Scratch(int64_t group, int64_t dim)
-      : qf(group * dim), kv_row(dim), dots(group * kBlock * kWidth, 0.f), qb(group * dim) {}
+  Scratch(int64_t heads, int64_t dim)
+      : qf(heads * dim), kv_row(dim), dots(heads * kBlock * kWidth, 0.f), qb(heads * dim) {}
 };
 
-// The softmax state of one task's query heads over some of its keys: running max, sum of
-// e^(score - max), and the output not yet divided by that sum ([group, dim]).
+// The softmax state of one row's query heads over some of its keys: running max, sum of
+// e^(score - max), and the output not yet divided by that sum ([heads, dim]).
 struct State {
   float* m;
   float* l;
   float* acc;
 };
 
-// Keys [j0, j1) (counted from first_key) of row i for the query heads of kv head h.
+// Keys [j0, j1) (counted from first_key) of row i for all its query heads: each key's rows
+// of all kv heads are read together (one run of kv_heads x dim elements in the usual layout).
 template <typename TK, int64_t kDim, bool kBf16>
-void attend(const PagedDecodeArgs& a, int64_t i, int64_t h, int64_t j0, int64_t j1,
-            Scratch& w, const State& st) {
-  const int64_t heads = a.heads, group = heads / a.kv_heads;
+void attend(const PagedDecodeArgs& a, int64_t i, int64_t j0, int64_t j1, Scratch& w,
+            const State& st) {
+  const int64_t heads = a.heads, kv_heads = a.kv_heads, group = heads / kv_heads;
   const int64_t dim = kDim > 0 ? kDim : a.dim;  // a constant lets the compiler unroll
   const int64_t n = j1 - j0;
   const int64_t start = std::max<int64_t>(a.first_key[i], 0) + j0;
@@ -89,36 +98,39 @@ void attend(const PagedDecodeArgs& a, int64_t i, int64_t h, int64_t j0, int64_t 
     TORCH_CHECK(row_slots[j] >= 0 && row_slots[j] < a.num_slots, "paged_decode: slot ",
                 row_slots[j], " of query ", i, " is outside the cache [0, ", a.num_slots, ")");
   }
-  load_query(a, (i * heads + h * group) * dim, w.qf.data(), group * dim);
+  load_query(a, i * heads * dim, w.qf.data(), heads * dim);
   if constexpr (kBf16) {
-    std::copy_n(static_cast<const BF16*>(a.q) + (i * heads + h * group) * dim, group * dim,
-                w.qb.data());
+    std::copy_n(static_cast<const BF16*>(a.q) + i * heads * dim, heads * dim, w.qb.data());
   }
-  w.scores.resize(group * n);  // every entry is written below
+  w.scores.resize(heads * n);  // every entry is written below
   float* scores = w.scores.data();
-  std::fill_n(st.m, group, -std::numeric_limits<float>::infinity());
-  const TK* k_base = static_cast<const TK*>(a.k) + h * a.k_head_stride;
-  const TK* v_base = static_cast<const TK*>(a.v) + h * a.v_head_stride;
+  std::fill_n(st.m, heads, -std::numeric_limits<float>::infinity());
+  const TK* k_base = static_cast<const TK*>(a.k);
+  const TK* v_base = static_cast<const TK*>(a.v);
   constexpr bool kVector = kDim > 0 && kDim % (4 * kWidth) == 0;
   if constexpr (kVector) {
-    scores_vec<TK, kDim, kBf16>(w.qf.data(), w.qb.data(), group, k_base, row_slots, n,
-                                a.k_token_stride, a.scale, a.k_scale, scores, st.m, v_base,
+    scores_vec<TK, kDim, kBf16>(w.qf.data(), w.qb.data(), kv_heads, group, k_base,
+                                a.k_head_stride, row_slots, n, a.k_token_stride, a.scale,
+                                a.k_scale, scores, st.m, v_base, a.v_head_stride,
                                 a.v_token_stride, w.dots.data());
   } else {
     for (int64_t j = 0; j < n; ++j) {
-      load_row(k_base + row_slots[j] * a.k_token_stride, w.kv_row.data(), dim, a.k_scale);
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qg = w.qf.data() + g * dim;
-        float dot = 0.f;
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        load_row(k_base + row_slots[j] * a.k_token_stride + h * a.k_head_stride,
+                 w.kv_row.data(), dim, a.k_scale);
+        for (int64_t g = h * group; g < (h + 1) * group; ++g) {
+          const float* qg = w.qf.data() + g * dim;
+          float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < dim; ++d) dot += qg[d] * w.kv_row[d];
-        const float score = dot * a.scale;
-        scores[g * n + j] = score;
-        st.m[g] = std::max(st.m[g], score);
+          for (int64_t d = 0; d < dim; ++d) dot += qg[d] * w.kv_row[d];
+          const float score = dot * a.scale;
+          scores[g * n + j] = score;
+          st.m[g] = std::max(st.m[g], score);
+        }
       }
     }
   }
-  for (int64_t g = 0; g < group; ++g) {
+  for (int64_t g = 0; g < heads; ++g) {
     float* __restrict s = scores + g * n;
     const float m = st.m[g];
     int64_t j = 0;
@@ -136,30 +148,34 @@ void attend(const PagedDecodeArgs& a, int64_t i, int64_t h, int64_t j0, int64_t 
     st.l[g] = sum;
   }
   if constexpr (kVector) {
-    values_vec<TK, kDim>(scores, n, group, v_base, row_slots, a.v_token_stride, a.v_scale,
-                         st.acc);
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      values_vec<TK, kDim>(scores + h * group * n, n, group, v_base + h * a.v_head_stride,
+                           row_slots, a.v_token_stride, a.v_scale, st.acc + h * group * dim);
+    }
   } else {
-    std::fill_n(st.acc, group * dim, 0.f);
+    std::fill_n(st.acc, heads * dim, 0.f);
     for (int64_t j = 0; j < n; ++j) {
-      load_row(v_base + row_slots[j] * a.v_token_stride, w.kv_row.data(), dim, a.v_scale);
-      for (int64_t g = 0; g < group; ++g) {
-        float* __restrict o = st.acc + g * dim;
-        const float p = scores[g * n + j];
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        load_row(v_base + row_slots[j] * a.v_token_stride + h * a.v_head_stride,
+                 w.kv_row.data(), dim, a.v_scale);
+        for (int64_t g = h * group; g < (h + 1) * group; ++g) {
+          float* __restrict o = st.acc + g * dim;
+          const float p = scores[g * n + j];
 #pragma omp simd
-        for (int64_t d = 0; d < dim; ++d) o[d] += p * w.kv_row[d];
+          for (int64_t d = 0; d < dim; ++d) o[d] += p * w.kv_row[d];
+        }
       }
     }
   }
 }
 
-// Task t's output: the states of its pieces (one when it was not cut) merged and divided
-// by their sum. A task with no keys (l == 0) gets zeros, as a fully masked softmax does not.
-void finish(const PagedDecodeArgs& a, int64_t t, const State* states, int64_t count,
+// Row i's output: the states of its pieces (one when it was not cut) merged and divided by
+// their sum. A row with no keys (l == 0) gets zeros, as a fully masked softmax does not.
+void finish(const PagedDecodeArgs& a, int64_t i, const State* states, int64_t count,
             float* acc) {
-  const int64_t group = a.heads / a.kv_heads, dim = a.dim;
-  const int64_t i = t / a.kv_heads, h = t % a.kv_heads;
-  for (int64_t g = 0; g < group; ++g) {
-    const int64_t offset = (i * a.heads + h * group + g) * dim;
+  const int64_t heads = a.heads, dim = a.dim;
+  for (int64_t g = 0; g < heads; ++g) {
+    const int64_t offset = (i * heads + g) * dim;
     if (count == 1) {
       const float l = states[0].l[g];
       store_output(a, offset, states[0].acc + g * dim, l > 0.f ? 1.f / l : 0.f, dim);
@@ -181,46 +197,43 @@ void finish(const PagedDecodeArgs& a, int64_t t, const State* states, int64_t co
 
 template <typename TK, int64_t kDim, bool kBf16>
 void decode(const PagedDecodeArgs& a) {
-  const int64_t kv_heads = a.kv_heads, group = a.heads / kv_heads, dim = a.dim;
-  const int64_t tasks = a.rows * kv_heads;
-  // Task t = (row t / kv_heads, kv head t % kv_heads) covers [cost[t], cost[t + 1]) of the
-  // tasks' keys laid end to end (plus kTaskCost each).
+  const int64_t heads = a.heads, dim = a.dim;
+  const int64_t tasks = a.rows;
+  // Row t covers [cost[t], cost[t + 1]) of the rows' keys laid end to end (plus kTaskCost
+  // each).
   std::vector<int64_t> cost(tasks + 1, 0), keys(a.rows);
   for (int64_t i = 0; i < a.rows; ++i) {
     const int64_t start = std::max<int64_t>(a.first_key[i], 0), stop = a.kv_lens[i];
     TORCH_CHECK(stop <= a.slot_width, "paged_decode: kv_lens[", i, "] = ", stop,
                 " exceeds the slot table's width ", a.slot_width);
     keys[i] = std::max<int64_t>(stop - start, 0);
-    for (int64_t h = 0; h < kv_heads; ++h) {
-      const int64_t t = i * kv_heads + h;
-      cost[t + 1] = cost[t] + keys[i] + kTaskCost;
-    }
+    cost[i + 1] = cost[i] + keys[i] + kTaskCost;
   }
   const int64_t total = cost[tasks];
   const int64_t pieces =
       std::clamp<int64_t>(total / kMinPiece, 1, std::max(at::get_num_threads(), 1));
-  // A task cut by a piece's ends keeps each part's state in a record: at most two per piece
-  // (its first task and its last), in piece order, merged once every piece is done.
-  const int64_t state_floats = group * (dim + 2);
+  // A row cut by a piece's ends keeps each part's state in a record: at most two per piece
+  // (its first row and its last), in piece order, merged once every piece is done.
+  const int64_t state_floats = heads * (dim + 2);
   std::vector<float> records(2 * pieces * state_floats);
   std::vector<int64_t> record_task(2 * pieces, -1);
-  auto record = [&](float* base) { return State{base, base + group, base + 2 * group}; };
+  auto record = [&](float* base) { return State{base, base + heads, base + 2 * heads}; };
 
   at::parallel_for(0, pieces, 1, [&](int64_t begin, int64_t end) {
-    Scratch w(group, dim);
+    Scratch w(heads, dim);
     std::vector<float> own(state_floats), acc(dim);
     for (int64_t p = begin; p < end; ++p) {
       const int64_t lo = total * p / pieces, hi = total * (p + 1) / pieces;
       int64_t t = std::upper_bound(cost.begin(), cost.end(), lo) - cost.begin() - 1;
       for (; t < tasks && cost[t] < hi; ++t) {
-        const int64_t i = t / kv_heads, n = keys[i];
+        const int64_t n = keys[t];
         const int64_t j0 = std::clamp<int64_t>(lo - cost[t], 0, n);
         const int64_t j1 = std::clamp<int64_t>(hi - cost[t], 0, n);
-        if (j0 == j1 && !(n == 0 && cost[t] >= lo)) continue;  // a keyless task: once
+        if (j0 == j1 && !(n == 0 && cost[t] >= lo)) continue;  // a keyless row: once
         const bool whole = j0 == 0 && j1 == n;
         const int64_t r = 2 * p + (j0 > 0 ? 0 : 1);
         const State st = record(whole ? own.data() : records.data() + r * state_floats);
-        attend<TK, kDim, kBf16>(a, i, t % kv_heads, j0, j1, w, st);
+        attend<TK, kDim, kBf16>(a, t, j0, j1, w, st);
         if (whole) {
           finish(a, t, &st, 1, acc.data());
         } else {
@@ -237,7 +250,7 @@ void decode(const PagedDecodeArgs& a) {
     parts.push_back(record(records.data() + r * state_floats));
     int64_t next = r + 1;
     while (next < 2 * pieces && record_task[next] < 0) ++next;
-    if (next == 2 * pieces || record_task[next] != record_task[r]) {  // the task's last part
+    if (next == 2 * pieces || record_task[next] != record_task[r]) {  // the row's last part
       finish(a, record_task[r], parts.data(), static_cast<int64_t>(parts.size()), acc.data());
       parts.clear();
     }

@@ -1,7 +1,9 @@
 // The two passes of the paged decode (kernels/paged_decode.cpp) over one task's keys: the
-// scores of the query heads of one kv head, then their probabilities times the values.
+// scores of all query heads of one row, then their probabilities times the values.
 //
-// Score pass: each key's row is loaded once and dotted with every query head of the group.
+// Score pass: each key's rows of all kv heads are read together (one run of kv_heads x
+// head_dim elements in the [slots, kv_heads, head_dim] cache), each kv head's row dotted with
+// every query head of its group.
 // With a bf16 cache under bf16 queries the AVX-512 BF16 copy multiplies bf16 pairs with
 // vdpbf16ps (exact products, float32 sums: no rounding that float32 math would not do);
 // every other case widens the keys to float32. A dot is a vector of partial sums; those of 16
@@ -25,10 +27,16 @@ using E4M3 = c10::Float8_e4m3fn;
 using E5M2 = c10::Float8_e5m2;
 
 // Keys (and values) prefetched this many positions ahead: they lie at scattered pages. The
-// score pass asks for keys and values 24 ahead into L2, the value pass for values 16 ahead
-// into L1. Measured at 64 rows x 250 keys x 30 layers, bf16, 2 Zen 4 threads: 21.0 ms with
-// keys 16 ahead into L1 and values into L2, 17.5 ms like this (fp32: 33.7 -> 30.6 ms).
-constexpr int64_t kScorePrefetchKeys = 24;
+// score pass asks for the keys and values of all kv heads 8 keys ahead into L2 (96 lines in
+// bf16, as many as 24 keys of one kv head were before a task read all kv heads), the value
+// pass for one kv head's values 16 ahead into L1. Measured at 64 rows x 250 keys x 30 layers,
+// bf16, 2 Zen 4 threads: 21.0 ms with keys 16 ahead into L1 and values into L2, 17.5 ms with
+// both into L2 (fp32: 33.7 -> 30.6 ms). On the 2-thread Xeon (AVX-512 BF16), bf16, us per
+// call at 64 x 250: 8 keys ahead ~760, 16 ~790, 6 and 12 ~860-920 (the lines in flight: 4 and
+// 24 keys were no better); keys into L1 instead ~930; only every other line ~1060; no
+// prefetch for a key that follows the previous one's slot (left to the hardware's streamer)
+// ~815 (64 x 16..512: ~910 against ~790).
+constexpr int64_t kScorePrefetchKeys = 8;
 constexpr int64_t kPrefetchKeys = 16;
 // Query heads per block of the value pass: GB x 4 accumulators + 4 values + 1 must fit.
 constexpr int kHeadBlock = kRegisters >= 32 ? 4 : 2;
@@ -99,70 +107,83 @@ inline float sum_lanes(const float* dots, int64_t n, float scale, float* scores)
 #endif
 }
 
-// Scores of the n keys of a task for its group of query heads (scores[g * n + j]) and their
-// maxima. Each key's row is loaded once and dotted with every query head: with kBf16 (bf16
-// keys under bf16 queries, in the AVX-512 BF16 copy) as bf16 pairs with vdpbf16ps (exact
-// products, float32 sums), otherwise widened to float32. The dots of kBlock keys are summed
-// across lanes together.
+// Scores of the n keys of a row for all its query heads (scores[g * n + j], query head g
+// under kv head g / group) and their maxima. Each key's rows of all kv heads (one run of
+// kv_heads x D elements in the usual layout) are loaded once and dotted with every query
+// head of their group: with kBf16 (bf16 keys under bf16 queries, in the AVX-512 BF16 copy) as
+// bf16 pairs with vdpbf16ps (exact products, float32 sums), otherwise widened to float32. The
+// dots of kBlock keys are summed across lanes together.
 template <typename TK, int64_t D, bool kBf16>
-void scores_vec(const float* qf, const BF16* qb, int64_t group, const TK* base,
-                const int64_t* row_slots, int64_t n, int64_t token_stride, float scale,
-                float k_scale, float* scores, float* row_max, const TK* v_base,
-                int64_t v_token_stride, float* dots) {
+void scores_vec(const float* qf, const BF16* qb, int64_t kv_heads, int64_t group,
+                const TK* base, int64_t head_stride, const int64_t* row_slots, int64_t n,
+                int64_t token_stride, float scale, float k_scale, float* scores, float* row_max,
+                const TK* v_base, int64_t v_head_stride, int64_t v_token_stride, float* dots) {
+  constexpr int64_t kRowBytes = D * int64_t(sizeof(TK));
+  const int64_t heads = kv_heads * group;
   // The keys before the first prefetch distance are asked for together, not one by one.
   for (int64_t j = 0; j < std::min(n, kScorePrefetchKeys); ++j) {
-    const char* k_ahead = reinterpret_cast<const char*>(base + row_slots[j] * token_stride);
-    for (int64_t b = 0; b < D * int64_t(sizeof(TK)); b += 64) prefetch_l2(k_ahead + b);
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const char* k_ahead =
+          reinterpret_cast<const char*>(base + row_slots[j] * token_stride + h * head_stride);
+      for (int64_t b = 0; b < kRowBytes; b += 64) prefetch_l2(k_ahead + b);
+    }
   }
   for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
     const int64_t nb = std::min(kBlock, n - j0);
     for (int64_t jj = 0; jj < nb; ++jj) {
       const int64_t j = j0 + jj;
       if (j + kScorePrefetchKeys < n) {
-        // This key and its values, into L2 (the values for the value pass: a task's values
+        // This key and its values, into L2 (the values for the value pass: a row's values
         // fit there). Asking for both keeps more lines in flight than fetching keys into L1,
         // which this pass, waiting on scattered keys, is limited by.
         const int64_t slot = row_slots[j + kScorePrefetchKeys];
-        const char* k_ahead = reinterpret_cast<const char*>(base + slot * token_stride);
-        const char* v_ahead = reinterpret_cast<const char*>(v_base + slot * v_token_stride);
-        for (int64_t b = 0; b < D * int64_t(sizeof(TK)); b += 64) {
-          prefetch_l2(k_ahead + b);
-          prefetch_l2(v_ahead + b);
-        }
-      }
-      const TK* kp = base + row_slots[j] * token_stride;
-#if defined(__AVX512BF16__)
-      if constexpr (kBf16) {
-        constexpr int CB = D / 32;
-        __m512i kc[CB];
-#pragma GCC unroll 8
-        for (int c = 0; c < CB; ++c) kc[c] = _mm512_loadu_si512(kp + 32 * c);
-        for (int64_t g = 0; g < group; ++g) {
-          const BF16* qg = qb + g * D;
-          __m512 acc = _mm512_setzero_ps();
-#pragma GCC unroll 8
-          for (int c = 0; c < CB; ++c) {
-            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qg + 32 * c),
-                                   (__m512bh)kc[c]);
+        for (int64_t h = 0; h < kv_heads; ++h) {
+          const char* k_ahead =
+              reinterpret_cast<const char*>(base + slot * token_stride + h * head_stride);
+          const char* v_ahead =
+              reinterpret_cast<const char*>(v_base + slot * v_token_stride + h * v_head_stride);
+          for (int64_t b = 0; b < kRowBytes; b += 64) {
+            prefetch_l2(k_ahead + b);
+            prefetch_l2(v_ahead + b);
           }
-          _mm512_storeu_ps(dots + (g * kBlock + jj) * kWidth, acc);
         }
-        continue;
       }
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const TK* kp = base + row_slots[j] * token_stride + h * head_stride;
+        float* hdots = dots + h * group * kBlock * kWidth;
+#if defined(__AVX512BF16__)
+        if constexpr (kBf16) {
+          constexpr int CB = D / 32;
+          __m512i kc[CB];
+#pragma GCC unroll 8
+          for (int c = 0; c < CB; ++c) kc[c] = _mm512_loadu_si512(kp + 32 * c);
+          for (int64_t g = 0; g < group; ++g) {
+            const BF16* qg = qb + (h * group + g) * D;
+            __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 8
+            for (int c = 0; c < CB; ++c) {
+              acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qg + 32 * c),
+                                     (__m512bh)kc[c]);
+            }
+            _mm512_storeu_ps(hdots + (g * kBlock + jj) * kWidth, acc);
+          }
+          continue;
+        }
 #endif
-      constexpr int C = D / kWidth;
-      Reg kc[C];
+        constexpr int C = D / kWidth;
+        Reg kc[C];
 #pragma GCC unroll 16
-      for (int c = 0; c < C; ++c) kc[c] = load_cache(kp + kWidth * c, k_scale);
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qg = qf + g * D;
-        F acc = F(kc[0]) * F::loadu(qg);
+        for (int c = 0; c < C; ++c) kc[c] = load_cache(kp + kWidth * c, k_scale);
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qg = qf + (h * group + g) * D;
+          F acc = F(kc[0]) * F::loadu(qg);
 #pragma GCC unroll 16
-        for (int c = 1; c < C; ++c) acc = fmadd(kc[c], F::loadu(qg + kWidth * c), acc);
-        acc.store(dots + (g * kBlock + jj) * kWidth);
+          for (int c = 1; c < C; ++c) acc = fmadd(kc[c], F::loadu(qg + kWidth * c), acc);
+          acc.store(hdots + (g * kBlock + jj) * kWidth);
+        }
       }
     }
-    for (int64_t g = 0; g < group; ++g) {
+    for (int64_t g = 0; g < heads; ++g) {
       const float mx = sum_lanes(dots + g * kBlock * kWidth, nb, scale, scores + g * n + j0);
       row_max[g] = std::max(row_max[g], mx);
     }
