@@ -4,7 +4,8 @@ rich's bar draws nothing there, so a long run would be silent until its report. 
 bar's small API (`add_task`, `advance`, `remove_task`): every `every_s` seconds a daemon thread
 prints a line per running task with its elapsed time (and count), so a step that blocks (a
 model load, a compile, a compared engine's run) still shows it is alive, and a counted task
-(a timed request set) prints one line when it ends. Short tasks print nothing.
+(a timed request set) that ran that long prints one line when it ends. A task shorter than
+`every_s` prints nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class _Task:
 
 
 class LineProgress:
-    """A heartbeat line per running task every `every_s` seconds, an end line per counted task."""
+    """A heartbeat line per running task every `every_s` seconds, an end line per long counted
+    task (see the module)."""
 
     def __init__(self, console: Any, every_s: float = HEARTBEAT_S) -> None:
         self.console = console
@@ -68,7 +70,9 @@ class LineProgress:
     def remove_task(self, task_id: int) -> None:
         with self._lock:
             task = self._tasks.pop(task_id, None)
-        if task is not None and task.total is not None:
+        # An end line only where heartbeats were printed: a short task prints nothing.
+        if (task is not None and task.total is not None
+                and time.monotonic() - task.started_s >= self.every_s):
             self._say(f"{task.description}: done{self._count(task)} in "
                       f"{time.monotonic() - task.started_s:.1f} s")
 

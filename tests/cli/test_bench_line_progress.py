@@ -32,7 +32,13 @@ def test_heartbeat_names_each_running_task_and_counted_tasks_end_with_a_line() -
     assert any(line.startswith("W: loading model: ") for line in lines), lines
     assert any(line.startswith("W: ") and line.endswith(", 3/4") for line in lines), lines
     assert lines[-1].startswith("W: done, 3/4 in "), lines
-    # An uncounted task prints no end line; after the context nothing more is printed.
+    # An uncounted task prints no end line, nor does a counted one shorter than a heartbeat;
+    # after the context nothing more is printed.
+    with LineProgress(console, every_s=5.0) as progress:
+        quick = progress.add_task("quick", total=1)
+        progress.advance(quick)
+        progress.remove_task(quick)
+    assert "quick" not in out.getvalue()
     assert not any("loading model: done" in line for line in lines)
     printed = out.getvalue()
     time.sleep(0.15)
