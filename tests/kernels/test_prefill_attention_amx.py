@@ -11,6 +11,7 @@ import torch
 
 from plugserve.kernels import build
 from plugserve.kernels import prefill_attention as pa
+from tests.kernels.test_prefill_attention import _case as make_case
 
 BF16 = torch.bfloat16
 
@@ -24,11 +25,7 @@ def _case(
     heads: int, kv_heads: int, dim: int, tokens: int, prefix: int, seed: int,
     q_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    q = (torch.randn(tokens, heads, dim, generator=gen) * q_scale).to(BF16)
-    k = torch.randn(prefix + tokens, kv_heads, dim, generator=gen).to(BF16)
-    v = torch.randn(prefix + tokens, kv_heads, dim, generator=gen).to(BF16)
-    return q, k, v
+    return make_case(BF16, heads, kv_heads, dim, tokens, prefix, seed, q_scale)
 
 
 def _check(out: torch.Tensor, ref: torch.Tensor) -> None:
