@@ -33,6 +33,7 @@ from plugserve.kernels import paged_decode as paged_decode_kernel
 from plugserve.kernels import prefill_attention as prefill_kernel
 from plugserve.kernels.packed_linear import upcasts_matmul
 from plugserve.kernels.paged_decode import PagedDecodePlan
+from plugserve.pools.slot_runs import read_rows
 from plugserve.structs.forward_batch import ForwardBatch
 
 
@@ -154,8 +155,8 @@ class TorchNativeBackend(AttentionBackend):
             if use_kernel:
                 # The kernel takes K/V of q's dtype: a narrower cache is widened here.
                 out[start : start + ext_len] = prefill_kernel.prefill_attention(
-                    q[start : start + ext_len], k_buf.index_select(0, slots).to(q.dtype),
-                    v_buf.index_select(0, slots).to(q.dtype), layer.scaling,
+                    q[start : start + ext_len], read_rows(k_buf, slots).to(q.dtype),
+                    read_rows(v_buf, slots).to(q.dtype), layer.scaling,
                     fb.extend_prefix_lens_cpu[i], layer.sliding_window,
                 )
                 continue
@@ -168,8 +169,8 @@ class TorchNativeBackend(AttentionBackend):
                     layer.sliding_window,
                 )
             qi = q[start : start + ext_len].to(dtype).transpose(0, 1)  # [H, E, D]
-            ki = k_buf.index_select(0, slots).to(dtype).transpose(0, 1)  # [KVH, S, D]
-            vi = v_buf.index_select(0, slots).to(dtype).transpose(0, 1)
+            ki = read_rows(k_buf, slots).to(dtype).transpose(0, 1)  # [KVH, S, D]
+            vi = read_rows(v_buf, slots).to(dtype).transpose(0, 1)
             oi = F.scaled_dot_product_attention(
                 qi.unsqueeze(0), ki.unsqueeze(0), vi.unsqueeze(0),
                 attn_mask=mask, is_causal=mask is None, scale=layer.scaling,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from plugserve.pools.slot_runs import store_rows
+
 # `EngineConfig.kv_cache_dtype` names (vLLM / SGLang's) -> what the pools store.
 KV_CACHE_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
@@ -78,7 +80,7 @@ class KVPool:
             stored = to_cache_dtype(rows, self.dtype)
             if self.dtype in _FP8:  # torch has no fp8 index_copy_: copy the bytes
                 buffer, stored = buffer.view(torch.uint8), stored.view(torch.uint8)
-            buffer.index_copy_(0, loc, stored)
+            store_rows(buffer, loc, stored)
 
     def slots_for_layer(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:
         """The buffer slots holding the KV of `slots` for `layer_id`: the same slots here (a
