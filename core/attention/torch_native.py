@@ -154,11 +154,14 @@ class TorchNativeBackend(AttentionBackend):
             slots = fb.kv_pool.slots_for_layer(layer.layer_id, meta.kv_slots[i])
             if use_kernel:
                 # The kernel takes K/V of q's dtype: a narrower cache is widened here.
-                out[start : start + ext_len] = prefill_kernel.prefill_attention(
+                seq_out = prefill_kernel.prefill_attention(
                     q[start : start + ext_len], read_rows(k_buf, slots).to(q.dtype),
                     read_rows(v_buf, slots).to(q.dtype), layer.scaling,
                     fb.extend_prefix_lens_cpu[i], layer.sliding_window,
                 )
+                if ext_len == q.shape[0]:  # the batch's only sequence: no copy into `out`
+                    return seq_out
+                out[start : start + ext_len] = seq_out
                 continue
             mask = meta.masks[i]
             if layer.sliding_window is not None:
