@@ -33,7 +33,7 @@ from plugserve.kernels import paged_decode as paged_decode_kernel
 from plugserve.kernels import prefill_attention as prefill_kernel
 from plugserve.kernels.packed_linear import upcasts_matmul
 from plugserve.kernels.paged_decode import PagedDecodePlan
-from plugserve.pools.slot_runs import read_rows
+from plugserve.pools.slot_runs import read_rows, run_start
 from plugserve.structs.forward_batch import ForwardBatch
 
 
@@ -152,11 +152,12 @@ class TorchNativeBackend(AttentionBackend):
         for i, ext_len in enumerate(fb.extend_seq_lens_cpu):
             start = meta.query_starts[i]
             slots = fb.kv_pool.slots_for_layer(layer.layer_id, meta.kv_slots[i])
+            run = run_start(slots)  # K and V are read at the same slots
             if use_kernel:
                 # The kernel takes K/V of q's dtype: a narrower cache is widened here.
                 seq_out = prefill_kernel.prefill_attention(
-                    q[start : start + ext_len], read_rows(k_buf, slots).to(q.dtype),
-                    read_rows(v_buf, slots).to(q.dtype), layer.scaling,
+                    q[start : start + ext_len], read_rows(k_buf, slots, run).to(q.dtype),
+                    read_rows(v_buf, slots, run).to(q.dtype), layer.scaling,
                     fb.extend_prefix_lens_cpu[i], layer.sliding_window,
                 )
                 if ext_len == q.shape[0]:  # the batch's only sequence: no copy into `out`
@@ -172,8 +173,8 @@ class TorchNativeBackend(AttentionBackend):
                     layer.sliding_window,
                 )
             qi = q[start : start + ext_len].to(dtype).transpose(0, 1)  # [H, E, D]
-            ki = read_rows(k_buf, slots).to(dtype).transpose(0, 1)  # [KVH, S, D]
-            vi = read_rows(v_buf, slots).to(dtype).transpose(0, 1)
+            ki = read_rows(k_buf, slots, run).to(dtype).transpose(0, 1)  # [KVH, S, D]
+            vi = read_rows(v_buf, slots, run).to(dtype).transpose(0, 1)
             oi = F.scaled_dot_product_attention(
                 qi.unsqueeze(0), ki.unsqueeze(0), vi.unsqueeze(0),
                 attn_mask=mask, is_causal=mask is None, scale=layer.scaling,

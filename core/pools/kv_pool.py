@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from plugserve.pools.slot_runs import store_rows
+from plugserve.pools.slot_runs import run_start, store_rows
 
 # `EngineConfig.kv_cache_dtype` names (vLLM / SGLang's) -> what the pools store.
 KV_CACHE_DTYPES: dict[str, torch.dtype] = {
@@ -76,11 +76,12 @@ class KVPool:
         return self.num_pages * self.page_size
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        start = run_start(loc)  # the same slots for K and V: asked once
         for buffer, rows in ((self.k_buffer[layer_id], k), (self.v_buffer[layer_id], v)):
             stored = to_cache_dtype(rows, self.dtype)
             if self.dtype in _FP8:  # torch has no fp8 index_copy_: copy the bytes
                 buffer, stored = buffer.view(torch.uint8), stored.view(torch.uint8)
-            store_rows(buffer, loc, stored)
+            store_rows(buffer, loc, stored, start)
 
     def slots_for_layer(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:
         """The buffer slots holding the KV of `slots` for `layer_id`: the same slots here (a

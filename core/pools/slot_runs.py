@@ -25,19 +25,19 @@ def run_start(slots: torch.Tensor) -> int | None:
     return first
 
 
-def store_rows(buffer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
-    """buffer[slots[i]] = rows[i] for every i (`index_copy_` along dim 0)."""
-    start = run_start(slots)
+def store_rows(buffer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor,
+               start: int | None) -> None:
+    """buffer[slots[i]] = rows[i] for every i (`index_copy_` along dim 0); `start` is
+    `run_start(slots)`, asked once by a caller that stores into several buffers."""
     if start is None:
         buffer.index_copy_(0, slots, rows)
     else:
         buffer.narrow(0, start, slots.numel()).copy_(rows)
 
 
-def read_rows(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """buffer[slots] (`index_select` along dim 0); a view of `buffer` where the slots are one
-    run, so the caller must not write into the result."""
-    start = run_start(slots)
+def read_rows(buffer: torch.Tensor, slots: torch.Tensor, start: int | None) -> torch.Tensor:
+    """buffer[slots] (`index_select` along dim 0), `start` being `run_start(slots)`: a view
+    of `buffer` where the slots are one run, so the caller must not write into the result."""
     if start is not None:
         return buffer.narrow(0, start, slots.numel())
     flat = buffer.reshape(buffer.shape[0], -1)  # a 2-D select is ~4x faster than the 3-D one

@@ -36,9 +36,9 @@ def test_store_and_read_equal_per_row_indexing(dtype: torch.dtype, kind: str) ->
     rows = torch.randn(n, 3, 8, generator=gen).to(dtype)
     buffer = torch.randn(500, 3, 8, generator=gen).to(dtype)
     expected = buffer.clone().index_copy_(0, slots, rows)
-    store_rows(buffer, slots, rows)
+    store_rows(buffer, slots, rows, run_start(slots))
     assert torch.equal(buffer, expected)
-    read = read_rows(buffer, slots)
+    read = read_rows(buffer, slots, run_start(slots))
     assert torch.equal(read, expected.index_select(0, slots))
     # a run is read as a view of the buffer (no copy), anything else as a copy
     assert (read.data_ptr() == buffer[int(slots[0])].data_ptr()) == (kind == "run")
