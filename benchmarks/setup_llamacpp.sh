@@ -41,15 +41,15 @@ else
         # ggml's AMX matmul (llama-cpp-python 0.3.36) stopped with a general protection
         # fault (ldtilecfg) at the first token on a Xeon that reports AMX: build natively
         # minus AMX unless LLAMACPP_AMX=on. Wrappers put -mno-amx-* after -march=native.
-        wrappers="$VENV/no-amx"
+        wrappers="$(cd "$VENV" && pwd)/no-amx"  # absolute: cmake runs elsewhere
         mkdir -p "$wrappers"
         for cc in gcc g++; do
             printf '#!/bin/sh\nexec %s "$@" -mno-amx-tile -mno-amx-int8 -mno-amx-bf16\n' \
                 "$(command -v "$cc")" > "$wrappers/$cc"
             chmod +x "$wrappers/$cc"
         done
-        CMAKE_ARGS="$CMAKE_ARGS -DCMAKE_C_COMPILER=$PWD/$wrappers/gcc"
-        CMAKE_ARGS="$CMAKE_ARGS -DCMAKE_CXX_COMPILER=$PWD/$wrappers/g++"
+        CMAKE_ARGS="$CMAKE_ARGS -DCMAKE_C_COMPILER=$wrappers/gcc"
+        CMAKE_ARGS="$CMAKE_ARGS -DCMAKE_CXX_COMPILER=$wrappers/g++"
         echo "setup_llamacpp: this CPU reports AMX; building without it (LLAMACPP_AMX=on keeps it)" >&2
     fi
     export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
