@@ -115,6 +115,16 @@ def test_strided_views() -> None:
                                atol=0, rtol=0)
     torch.testing.assert_close(pa.prefill_attention(q_t, k_t, v, 0.125, 30, 40), expected,
                                atol=0, rtol=0)
+    # q as the engine passes it: the first heads of a qkv projection's rows, read in place
+    for dtype in (torch.float32, torch.bfloat16):
+        qd, kd, vd = q.to(dtype), k.to(dtype), v.to(dtype)
+        qkv = torch.cat([qd.flatten(1), torch.zeros(qd.shape[0], 2 * 3 * 64, dtype=dtype)], 1)
+        q_rows = qkv[:, : 9 * 64].view(qd.shape)
+        assert q_rows.stride() == (qkv.shape[1], 64, 1)
+        got = pa.prefill_attention(q_rows, kd, vd, 0.125, 30, 40, amx=False)
+        assert got.is_contiguous()
+        torch.testing.assert_close(got, pa.prefill_attention(qd, kd, vd, 0.125, 30, 40, amx=False),
+                                   atol=0, rtol=0)
 
 
 def test_bad_inputs_are_errors() -> None:

@@ -109,6 +109,13 @@ def test_strided_views() -> None:
     assert not kv[:, 0].is_contiguous() and not q_t.is_contiguous()
     got = pa.prefill_attention(q_t, kv[:, 0], kv[:, 1], 0.125, 30, 40)
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    # q as the engine passes it: the first heads of a qkv projection's rows, read in place
+    qkv = torch.cat([q.flatten(1), torch.zeros(q.shape[0], 2 * 3 * 64, dtype=q.dtype)], 1)
+    q_rows = qkv[:, : 9 * 64].view(q.shape)
+    assert q_rows.stride() == (qkv.shape[1], 64, 1)
+    got = pa.prefill_attention(q_rows, k, v, 0.125, 30, 40)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
 
 
 @needs_amx

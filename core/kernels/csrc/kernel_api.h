@@ -106,10 +106,18 @@ struct PrefillArgs {
   const void* v;
   void* out;
   Dtype dtype;
+  // Element strides: q may be a view of the qkv projection's rows (its last dim contiguous).
+  int64_t q_token_stride, q_head_stride;
   int64_t k_token_stride, k_head_stride, v_token_stride, v_head_stride;
   int64_t tokens, heads, kv_heads, dim, prefix, window;
   float scale;
 };
+
+// The first key position a query at position `pos` sees (a sliding window shows keys
+// after pos - window; window 0 means none), never before `floor`.
+inline int64_t first_visible_key(int64_t pos, int64_t window, int64_t floor) {
+  return window > 0 && pos - window + 1 > floor ? pos - window + 1 : floor;
+}
 
 // RMSNorm of each row of x (and, for add_rms_norm, of residual + x, stored to new_residual).
 struct NormArgs {

@@ -60,6 +60,7 @@ static_assert(kBlockKeys % kPanel == 0 && kBlockKeys % 16 == 0, "key blocks of w
 struct Problem {
   int64_t tokens;        // E: query tokens
   int64_t heads;         // H
+  int64_t q_token_stride, q_head_stride;  // elements between q's tokens / heads
   int64_t kv_heads;      // KVH
   int64_t group;         // H / KVH
   int64_t dim;           // D
@@ -585,7 +586,8 @@ void attend(const T* q, const typename Kern::K* kpack, const typename Kern::V* v
       const int64_t rows = (i1 - i0) * G;
       for (int64_t i = i0; i < i1; ++i) {
         for (int64_t g = 0; g < G; ++g) {
-          Kern::load_q(q + (i * p.heads + h * G + g) * D, qbuf.data() + ((i - i0) * G + g) * D, D);
+          Kern::load_q(q + i * p.q_token_stride + (h * G + g) * p.q_head_stride,
+                       qbuf.data() + ((i - i0) * G + g) * D, D);
         }
       }
       std::fill(row_max.begin(), row_max.end(), kNegInf);
@@ -594,7 +596,7 @@ void attend(const T* q, const typename Kern::K* kpack, const typename Kern::V* v
 
       // The keys some row of the block sees, in packed indices, widened to whole panels.
       const int64_t first_pos = p.prefix + i0, last_pos = p.prefix + i1 - 1;
-      const int64_t lo = p.window > 0 ? std::max(first_pos - p.window + 1, p.key_lo) : 0;
+      const int64_t lo = first_visible_key(first_pos, p.window, p.key_lo);
       const int64_t start = (lo - p.key_lo) / kPanel * kPanel;
       const int64_t stop = (last_pos + 1 - p.key_lo + kPanel - 1) / kPanel * kPanel;
       // Blocks are laid from `stop` down, so that the rows of the diagonal block compute at
@@ -612,7 +614,7 @@ void attend(const T* q, const typename Kern::K* kpack, const typename Kern::V* v
           if (masked) {
             const int64_t pos = first_pos + r / G;
             vis1 = std::clamp<int64_t>(pos + 1 - a0, 0, n);
-            if (p.window > 0) vis0 = std::clamp<int64_t>(pos - p.window + 1 - a0, 0, n);
+            vis0 = std::min(first_visible_key(pos, p.window, a0) - a0, n);
           }
           Kern::softmax(scores.data() + r * kBlockKeys, prob.data() + r * kBlockKeys, n, vis0,
                         vis1, p.scale, row_max[r], row_sum[r], acc.data() + r * D, D);
@@ -676,6 +678,8 @@ void prefill_attention(const PrefillArgs& a) {
   Problem p{};
   p.tokens = a.tokens;
   p.heads = a.heads;
+  p.q_token_stride = a.q_token_stride;
+  p.q_head_stride = a.q_head_stride;
   p.kv_heads = a.kv_heads;
   p.group = p.heads / p.kv_heads;
   p.dim = a.dim;
@@ -683,7 +687,7 @@ void prefill_attention(const PrefillArgs& a) {
   p.window = a.window;
   // With a window no query sees a key before position prefix - window + 1: those are not
   // packed (a long cached prefix costs nothing then).
-  p.key_lo = a.window > 0 ? std::max<int64_t>(a.prefix - a.window + 1, 0) : 0;
+  p.key_lo = first_visible_key(a.prefix, a.window, 0);
   p.keys = a.prefix + a.tokens - p.key_lo;
   p.padded = (p.keys + kPanel - 1) / kPanel * kPanel;
   p.block_tokens = std::min(std::max<int64_t>(1, kTargetRows / p.group), p.tokens);

@@ -270,7 +270,8 @@ void attend(const PrefillArgs& a, const Shape& s, const BF16* kpack, const BF16*
       for (int64_t g = 0; g < G; ++g) {
         for (int64_t r = 0; r < rows; ++r) {
           std::memcpy(static_cast<void*>(&q[(g * kRows + r) * D]),
-                      q_in + ((i0 + r) * s.heads + h * G + g) * D, D * 2);
+                      q_in + (i0 + r) * a.q_token_stride + (h * G + g) * a.q_head_stride,
+                      D * 2);
         }
       }
       std::fill(o.begin(), o.end(), 0.f);
@@ -282,7 +283,7 @@ void attend(const PrefillArgs& a, const Shape& s, const BF16* kpack, const BF16*
 
       // The keys some row of the block sees, in packed indices, widened to 16-key tiles.
       const int64_t first_pos = s.prefix + i0, last_pos = first_pos + rows - 1;
-      const int64_t lo = s.window > 0 ? std::max(first_pos - s.window + 1, s.key_lo) : 0;
+      const int64_t lo = first_visible_key(first_pos, s.window, s.key_lo);
       const int64_t start = (lo - s.key_lo) / kKeyTile * kKeyTile;
       const int64_t stop = (last_pos + 1 - s.key_lo + kKeyTile - 1) / kKeyTile * kKeyTile;
       for (int64_t b0 = start; b0 < stop; b0 += kBlockKeys) {
@@ -303,7 +304,7 @@ void attend(const PrefillArgs& a, const Shape& s, const BF16* kpack, const BF16*
               // Rows past the end act as the last row (their results are not stored).
               const int64_t pos = first_pos + std::min(r, rows - 1);
               vis1 = std::clamp<int64_t>(pos + 1 - a0, 0, n);
-              if (s.window > 0) vis0 = std::clamp<int64_t>(pos - s.window + 1 - a0, 0, n);
+              vis0 = std::min(first_visible_key(pos, s.window, a0) - a0, n);
             }
             const int64_t row = g * kRows + r;
             softmax_row(&scores[row * kBlockKeys], &prob[row * kBlockKeys], n_tiles, vis0, vis1,
@@ -350,7 +351,7 @@ bool prefill_attention_amx(const PrefillArgs& a) {
   s.prefix = a.prefix;
   s.window = a.window;
   // With a window no query sees a key before position prefix - window + 1: not packed.
-  s.key_lo = a.window > 0 ? std::max<int64_t>(a.prefix - a.window + 1, 0) : 0;
+  s.key_lo = first_visible_key(a.prefix, a.window, 0);
   s.keys = a.prefix + a.tokens - s.key_lo;
   s.padded = (s.keys + kKeyTile - 1) / kKeyTile * kKeyTile + kTileGroup;
   s.blocks = (s.tokens + kRows - 1) / kRows;

@@ -123,9 +123,11 @@ PrefillArgs prefill_args(const char* name, at::Tensor& q, const at::Tensor& k,
   TORCH_CHECK(window >= 0, name, ": window must be >= 1, or 0 for none");
   TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1,
               name, ": k and v must be contiguous in head_dim (stride(-1) == 1)");
-  q = q.contiguous();
+  if (q.stride(2) != 1) q = q.contiguous();  // else read in place (a view of qkv's rows)
   PrefillArgs a{};
   a.q = q.data_ptr();
+  a.q_token_stride = q.stride(0);
+  a.q_head_stride = q.stride(1);
   a.k = k.data_ptr();
   a.v = v.data_ptr();
   a.dtype = float_dtype(q, name);
@@ -146,7 +148,7 @@ PrefillArgs prefill_args(const char* name, at::Tensor& q, const at::Tensor& k,
 at::Tensor prefill_attention(at::Tensor q, at::Tensor k, at::Tensor v, double scale,
                              int64_t prefix_len, int64_t window) {
   PrefillArgs a = prefill_args("prefill_attention", q, k, v, scale, prefix_len, window);
-  auto out = at::empty_like(q);
+  auto out = at::empty(q.sizes(), q.options());  // contiguous, whatever q's strides
   if (q.numel() == 0) return out;
   a.out = out.data_ptr();
   kernels().prefill_attention(a);
@@ -160,7 +162,7 @@ at::Tensor prefill_attention_amx(at::Tensor q, at::Tensor k, at::Tensor v, doubl
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.size(2) % 32 == 0,
               "prefill_attention_amx: bfloat16 with head_dim a multiple of 32 only, got ",
               q.scalar_type(), " and head_dim ", q.size(2));
-  auto out = at::empty_like(q);
+  auto out = at::empty(q.sizes(), q.options());  // contiguous, whatever q's strides
   if (q.numel() == 0) return out;
   a.out = out.data_ptr();
   TORCH_CHECK(kernels().prefill_attention_amx(a), "prefill_attention_amx: the ", kernels().isa,
