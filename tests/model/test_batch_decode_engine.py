@@ -48,9 +48,10 @@ class TestBatchDecodeThroughTheStack(EngineTest):
         # the full batch's decode steps (20 rows) went through the stack in one call each
         assert REQUESTS in batch_rows
 
+    @pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
     def test_bf16_on_amx_matches_the_layers_one_by_one(
         self, model_and_reference: tuple[Path, list[list[int]], list[int], list[list[int]]],
-        monkeypatch: pytest.MonkeyPatch,
+        monkeypatch: pytest.MonkeyPatch, overlap: bool,
     ) -> None:
         if not dl.available() or not dense_amx.amx_usable():
             pytest.skip("the bf16 batch path needs the AMX linear (AMX-BF16 and its kernels)")
@@ -59,7 +60,7 @@ class TestBatchDecodeThroughTheStack(EngineTest):
         outputs = []
         for stacked in (True, False):
             monkeypatch.setattr(db, "_ENABLED", stacked)
-            with self.engine(model=str(model_dir), dtype="bfloat16") as engine:
+            with self.engine(model=str(model_dir), dtype="bfloat16", overlap=overlap) as engine:
                 outputs.append(_generate(engine, prompts, max_new))
             assert (REQUESTS in batch_rows) == stacked
             batch_rows.clear()
