@@ -21,7 +21,7 @@ from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
-from plugserve.model.weight_bytes import weight_bytes
+from plugserve.model.weight_bytes import pack_bytes, weight_bytes
 from plugserve.outputs import GenerateResult, StreamEvent, generate_result, group_result
 from plugserve.parallel.cross_check import TP_RANK1_SKIPS_FREE, CrossRankCheck, skip_one_free
 from plugserve.parallel.leader import LeaderScheduler
@@ -533,6 +533,11 @@ class Engine:
         return generate_result(index, req, self.tokenizer.decode)
 
     # --- introspection ----------------------------------------------------------------------
+    def pack_bytes(self) -> int:
+        """Bytes the CPU kernels hold now in layouts of their own for the weights, beside
+        `weight_bytes` (made on first use, or all at a server's start)."""
+        return pack_bytes(self.model)
+
     def stats(self) -> dict[str, Any]:
         sched = self.scheduler
         out: dict[str, Any] = dict(sched.stats)
@@ -544,6 +549,7 @@ class Engine:
         out["cache_protected_slots"] = full.protected_size()
         out["kv_pools"] = {t.pool: vars(t) for t in self.scheduler.kv_terms()}
         out["weight_bytes"] = self.weight_bytes
+        out["weight_pack_bytes"] = self.pack_bytes()
         if self.tp is not None:
             out["tensor_parallel"] = self.tp.stats()
         for checker in self.checkers:

@@ -217,8 +217,10 @@ def run_server(config: Any, options: list[str], settings: ServerSettings,
         state = app.state.server
         port = sock.getsockname()[1]
         weights_mib = engine.weight_bytes / (1 << 20)
+        packs_mib = engine.pack_bytes() / (1 << 20)
+        packs = f" + {packs_mib:.1f} MiB of their CPU-kernel packs" if packs_mib else ""
         typer.echo(f"plugserve: serving {state.model_id} on http://{settings.host}:{port}/v1 "
-                   f"({weights_mib:.1f} MiB of weights; Ctrl-C stops)", err=True)
+                   f"({weights_mib:.1f} MiB of weights{packs}; Ctrl-C stops)", err=True)
         shutdown = app.state.shutdown
         server = _server_class(uvicorn)(uvicorn.Config(
             app, log_config=None, log_level=log_level.lower(), lifespan="on",

@@ -107,10 +107,14 @@ _ENABLED = enabled_by_environment()
 # with its weight.
 Derived = tuple[int, "weakref.ref[torch.Tensor]", object]
 
+# Every store `per_weight` has filled (by id): what `derived_bytes` counts.
+_stores: dict[int, dict[int, Derived]] = {}
+
 
 def per_weight(store: dict[int, Derived], weight: torch.Tensor,
                make: Callable[[torch.Tensor], object]) -> object:
     """`make(weight)`, computed once per weight and version and kept in `store`."""
+    _stores.setdefault(id(store), store)
     key = id(weight)
     version = weight_version(weight)
     hit = store.get(key)
@@ -121,6 +125,29 @@ def per_weight(store: dict[int, Derived], weight: torch.Tensor,
         weakref.finalize(weight, store.pop, key, None)
     store[key] = (version, weakref.ref(weight), value)
     return value
+
+
+def derived_bytes(weight: torch.Tensor) -> int:
+    """Bytes held for `weight` by every kernel's cache of derived layouts (the oneDNN / MKL
+    pack, the panel GEMM's and the AMX linear's packs): memory beside the weight itself."""
+    key, total = id(weight), 0
+    for store in _stores.values():
+        hit = store.get(key)
+        if hit is not None and hit[1]() is weight:
+            total += _value_bytes(hit[2])
+    return total
+
+
+def _value_bytes(value: object) -> int:
+    if isinstance(value, PackedWeight):
+        return _value_bytes(value.packed)
+    if isinstance(value, torch.Tensor):
+        if value.is_mkldnn:  # oneDNN's opaque blocked tensor: its logical size
+            return value.numel() * value.element_size()
+        return int(value.untyped_storage().nbytes())
+    if isinstance(value, (tuple, list)):
+        return sum(_value_bytes(v) for v in value)
+    return 0
 
 
 def weight_version(weight: torch.Tensor) -> int:

@@ -1,10 +1,12 @@
 """Resident bytes of a model's weights: dense parameters at their size, quantized ones as
-their blocks (a parameter shared by two layers, e.g. tied embeddings, counted once)."""
+their blocks (a parameter shared by two layers, e.g. tied embeddings, counted once), and
+apart from them the copies the CPU kernels lay out for themselves (`pack_bytes`)."""
 
 from __future__ import annotations
 
 from torch import nn
 
+from plugserve.kernels.packed_linear import derived_bytes
 from plugserve.model.quant_weight import WeightHolder
 
 
@@ -22,3 +24,10 @@ def weight_bytes(model: nn.Module) -> int:
                     seen.add(id(part))
                     total += part.nbytes
     return total
+
+
+def pack_bytes(model: nn.Module) -> int:
+    """Bytes the CPU kernels hold now in layouts of their own for `model`'s weights (the GEMM
+    library's packs of the many-row linears, the decode batch kernels' packs): made on first
+    use, or at a server's start (`plugserve.model.batch_packs`); 0 on a GPU."""
+    return sum(derived_bytes(param) for param in model.parameters())

@@ -53,6 +53,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     model_id = served_model_id(model_path, settings.served_model_name)
     metrics = ServerMetrics(model_id)
     metrics.weight_bytes.set(engine.weight_bytes)
+    metrics.weight_pack_bytes.set(engine.pack_bytes())
     loop = _serving_loop(engine, settings, metrics)
     state = ServerState(loop, settings, model_id, aliases=(model_path,) if model_path else ())
     shutdown = GracefulShutdown(state, settings.shutdown_timeout_s)
@@ -66,8 +67,9 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
         metrics.serving_started()
         loop.start()
         metrics.set_engine_up(True)
-        log.info("serving %s (context %d tokens, weights %.1f MiB)", model_id,
-                 loop.context_len, engine.weight_bytes / (1 << 20))
+        log.info("serving %s (context %d tokens, weights %.1f MiB, their CPU-kernel packs "
+                 "%.1f MiB)", model_id, loop.context_len, engine.weight_bytes / (1 << 20),
+                 engine.pack_bytes() / (1 << 20))
         try:
             yield
         finally:

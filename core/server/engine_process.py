@@ -60,6 +60,7 @@ class EngineProcess:
         self.tokenizer = info["tokenizer"]
         self.context_len: int = int(info["context_len"])
         self.weight_bytes: int = int(info["weight_bytes"])
+        self._pack_bytes: int = int(info["pack_bytes"])
         self.vocab_size: int = int(info["vocab_size"])
         self.max_waiting = 1 << 30
         self.metrics: Any = None
@@ -101,6 +102,10 @@ class EngineProcess:
                            f"{self.process.exitcode}, waited up to {timeout_s:.0f} s)")
 
     # --- what create_app and the handlers use (EngineLoop's interface) ---------------------
+    def pack_bytes(self) -> int:
+        """The CPU kernels' packs of the weights, as the engine process made them at start."""
+        return self._pack_bytes
+
     def attach(self, *, max_waiting: int, metrics: Any) -> EngineProcess:
         self.max_waiting = max_waiting
         self.metrics = metrics

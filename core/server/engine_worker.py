@@ -194,7 +194,8 @@ def worker_main(conn: Any, config: Any, plugins: tuple[str, ...], parent_pid: in
         outbox.send(("ready", {"tokenizer": engine.tokenizer,
                                "context_len": loop.context_len,
                                "vocab_size": loop.vocab_size,
-                               "weight_bytes": engine.weight_bytes}))
+                               "weight_bytes": engine.weight_bytes,
+                               "pack_bytes": engine.pack_bytes()}))
         loop.start()
         _serve_pipe(conn, loop, outbox)
         outbox.send(("stopped", loop.state()))

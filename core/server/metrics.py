@@ -86,6 +86,10 @@ class ServerMetrics:
         self.info = Gauge("plugserve_model_info", "The served model", ["model"], registry=r)
         self.weight_bytes = Gauge("plugserve_weight_bytes", "Resident bytes of the model's "
                                   "weights (quantized ones as their blocks)", registry=r)
+        self.weight_pack_bytes = Gauge(
+            "plugserve_weight_pack_bytes", "Bytes of the copies of the weights the CPU "
+            "kernels lay out for themselves (GEMM library and batch-kernel packs), made at "
+            "start", registry=r)
         self.info.labels(model=model_id).set(1)
         self.memory_whole.set(1)
 

@@ -1,4 +1,5 @@
-"""The server's start packs the weights for the batch linears, so no request waits on them."""
+"""The server's start packs the weights for the batch and prefill linears, so no request
+waits on them, and counts the packs' bytes."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from plugserve.engine import Engine
-from plugserve.kernels import build
+from plugserve.kernels import build, packed_linear
 from plugserve.kernels import panel_gemm as panel
 from plugserve.model.batch_packs import make_batch_packs
 from plugserve.model.layers import Linear
+from plugserve.model.weight_bytes import pack_bytes
 from plugserve.sampling import SamplingParams
 from plugserve.testing.tiny_models import make_tiny_model_dir
 
@@ -28,6 +30,11 @@ def _packs() -> dict[int, int]:
     return {key: id(entry[2]) for key, entry in store.items()}
 
 
+def _library_packs() -> dict[int, int]:
+    """The GEMM library's cached packs (many-row linears): weight id -> id of its pack."""
+    return {key: id(entry[2]) for key, entry in packed_linear._packs.items()}
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_float32_weights_are_packed_before_the_first_batch(tiny_llama: Path, overlap: bool) -> None:
     if build.library() is None:
@@ -38,15 +45,28 @@ def test_float32_weights_are_packed_before_the_first_batch(tiny_llama: Path, ove
         model = engine.model
         linears = [m.weight for m in model.modules() if isinstance(m, Linear)]
         head = model.lm_head_holder.weight
+        # the LM head keeps its many-row pack lazy (a prefill multiplies only its last row)
+        library_packed = [w for w in linears
+                          if w is not head and packed_linear.pack_kind(w) is not None]
+        assert pack_bytes(model) == 0  # nothing has run yet
         expected = len(linears) + (0 if any(head is w for w in linears) else 1)
-        assert make_batch_packs(model) == expected
-        packed = _packs()
+        assert make_batch_packs(model) == expected + len(library_packed)
+        packed, library = _packs(), _library_packs()
         assert all(id(w) in packed for w in [*linears, head])
-        # A batch past the few-row kernels finds every pack made: none is added or redone.
+        assert all(id(w) in library for w in library_packed)
+        # float32: the panel pack and the library's pack each hold about the weight's bytes
+        weights = sum(w.numel() * w.element_size() for w in {id(w): w for w in
+                                                              [*linears, head]}.values())
+        library_bytes = sum(w.numel() * w.element_size() for w in library_packed)
+        assert weights + library_bytes <= pack_bytes(model) <= 1.25 * (weights + library_bytes)
+        # A batch past the few-row kernels, and the prefill of prompts of more rows than the
+        # kernels for few rows take, find every pack made: none is added or redone.
         prompts = [[1 + i, 2 + i, 3 + i] for i in range(panel.MIN_ROWS + 3)]
+        prompts.append(list(range(1, 200)))
         out = engine.generate(prompts, SamplingParams(max_new_tokens=3, ignore_eos=True))
         assert len(out) == len(prompts)
         assert _packs() == packed
+        assert _library_packs() == library
     finally:
         engine.close()
 
@@ -57,6 +77,8 @@ def test_nothing_is_packed_without_the_kernels(
     engine = Engine(model=str(tiny_llama), dtype="float32", mem_check=1, check_pages=True)
     try:
         monkeypatch.setattr(build, "library", lambda: None)
+        monkeypatch.setattr(packed_linear, "_ENABLED", False)  # PLUGSERVE_CPU_KERNELS=0
         assert make_batch_packs(engine.model) == 0
+        assert pack_bytes(engine.model) == 0
     finally:
         engine.close()

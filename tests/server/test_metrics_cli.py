@@ -3,6 +3,7 @@ port that answers, then stops on SIGINT / SIGTERM with its memory whole."""
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import time
@@ -11,15 +12,17 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from serve_process import free_port, start_serve, wait_healthy
 
+from plugserve.kernels import packed_linear
 from plugserve.server.background import BackgroundServer
 
 C = "/v1/completions"
 
 
 @pytest.mark.parametrize("engine_mode", ["thread", "process"])
-def test_metrics_after_requests(served: Any) -> None:
+def test_metrics_after_requests(served: Any, engine_mode: str) -> None:
     """With --engine-process the engine's figures come over with its step messages."""
     with served() as server, httpx.Client(base_url=server.url, timeout=60) as http:
         for _ in range(2):
@@ -51,6 +54,12 @@ def test_metrics_after_requests(served: Any) -> None:
         assert line in text, line
     assert _metric(text, "plugserve_checker_steps_checked") > 0  # the checker proved the busy steps
     assert _metric(text, "plugserve_weight_bytes") == server.engine.weight_bytes > 0
+    # The packs as the server started (the engine process makes them all at start; float32
+    # here: the GEMM library packs every linear layer where the CPU kernels are on).
+    packs = server.engine.pack_bytes()
+    assert _metric(text, "plugserve_weight_pack_bytes") == packs
+    if engine_mode == "process" and packed_linear.pack_kind(torch.empty(2, 2)) is not None:
+        assert packs > 0
     # The engine's step phases (wall seconds since start), also from the engine process.
     phases = {row.split('"')[1]: float(row.split()[-1]) for row in text.splitlines()
               if row.startswith("plugserve_engine_step_phase_seconds{")}
@@ -96,7 +105,9 @@ def test_serve_command_stops_on_signal(tiny_model_dir: Path, sig: signal.Signals
             proc.communicate()
     assert proc.returncode == 0, err
     assert f"serving {tiny_model_dir.name} on http://127.0.0.1:{port}/v1" in err
-    assert " MiB of weights; Ctrl-C stops)" in err  # the resident weight bytes
+    # the resident weight bytes, and the packs the CPU kernels made at start
+    assert re.search(r"\d MiB of weights( \+ [\d.]+ MiB of their CPU-kernel packs)?; "
+                     r"Ctrl-C stops\)", err), err
     assert "stopped; memory whole at idle: yes" in err
     assert "Traceback" not in err
 
