@@ -131,7 +131,7 @@ def derived_bytes(weight: torch.Tensor) -> int:
     """Bytes held for `weight` by every kernel's cache of derived layouts (the oneDNN / MKL
     pack, the panel GEMM's and the AMX linear's packs): memory beside the weight itself."""
     key, total = id(weight), 0
-    for store in _stores.values():
+    for store in list(_stores.values()):  # a store may be added meanwhile
         hit = store.get(key)
         if hit is not None and hit[1]() is weight:
             total += _value_bytes(hit[2])
