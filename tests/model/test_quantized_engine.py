@@ -7,7 +7,10 @@
   every matrix as its blocks;
 - matrices whose columns are not whole blocks stay dense, listed in one log line;
 - a Q8_0 / Q4_1 GGUF's decode steps through the compiled decode stack give the greedy tokens
-  of the per-layer path, with int8 and float activations.
+  of the per-layer path, with int8 and float activations;
+- `kv_cache_dtype="auto"` stores bfloat16 KV for a GGUF's quantized weights with int8
+  activations in float32, and the compute dtype otherwise (float activations, dequantized
+  weights, an HF folder quantized on load, a backend without a bfloat16 cache).
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from plugserve.kernels import decode_layer
+from plugserve.mem.kv_dtype import kv_pool_dtype
 from plugserve.model.quant_on_load import is_layer_matrix
 from plugserve.quant.quantize import quantize
 from plugserve.quant.reference import dequantize
@@ -146,6 +151,47 @@ class TestQuantizedEngine(EngineTest):
         assert len(lines) == 1 and "q4_k" in lines[0] and "down_proj.weight (96)" in lines[0]
         dense, dense_bytes = self._greedy(model=str(folder))
         assert quantized == dense and held == dense_bytes
+
+
+    @pytest.mark.parametrize(("config", "expected"), [
+        ({}, torch.bfloat16),
+        ({"quant_activations": "float"}, torch.float32),
+        ({"quantization": "none"}, torch.float32),
+        ({"kv_cache_dtype": "float8_e4m3"}, torch.float8_e4m3fn),
+        ({"dtype": "bfloat16"}, torch.bfloat16),
+    ])
+    def test_auto_kv_cache_dtype_of_a_quantized_gguf(
+        self, tmp_path: Path, config: dict[str, str], expected: torch.dtype
+    ) -> None:
+        hf = tiny_hf_model("llama", tmp_path / "hf", seed=8)
+        write_tiny_gguf(hf, tmp_path / "tiny.gguf", quant="Q4_1")
+        with self.engine(model=str(tmp_path / "tiny.gguf"), **config) as engine:
+            assert engine.kv_pool.dtype == expected
+            got = [r.token_ids for r in engine.generate(PROMPTS, _sampling())]
+            assert [len(t) for t in got] == MAX_NEW
+            self.assert_idle_memory_whole(engine)
+
+    def test_auto_kv_cache_dtype_of_an_hf_folder_quantized_on_load(self, tmp_path: Path) -> None:
+        folder = tmp_path / "hf"
+        tiny_hf_model("llama", folder, seed=5, **WIDE)
+        with self.engine(model=str(folder), quantization="q8_0") as engine:
+            assert engine.kv_pool.dtype == torch.float32
+
+
+def test_auto_kv_cache_dtype_rule() -> None:
+    def pool(name: str = "auto", dtype: torch.dtype = torch.float32, gguf: bool = True,
+             activations: str = "int8", backend: frozenset[str] = frozenset({"auto", "bfloat16"}),
+             ) -> torch.dtype:
+        return kv_pool_dtype(name, dtype, quantized_gguf=gguf, quant_activations=activations,
+                             backend_kv_dtypes=backend)
+
+    assert pool() == torch.bfloat16
+    assert pool(activations="float") == torch.float32
+    assert pool(gguf=False) == torch.float32
+    assert pool(backend=frozenset({"auto"})) == torch.float32  # the backend reads auto only
+    assert pool(dtype=torch.float16) == torch.float16
+    assert pool("bfloat16", gguf=False) == torch.bfloat16
+    assert pool("float8_e5m2") == torch.float8_e5m2
 
 
 class TestQuantizedEngineOverlap(TestQuantizedEngine):
