@@ -183,6 +183,7 @@ class Engine:
                        self.device, self.tokenizer.eos_token_ids)
         self.runner = (ModelRunner(*runner_args) if self.tp is None
                        else TPModelRunner(*runner_args, shard=self.tp.shard))
+        self.runner.writes_future_tokens = cfg.overlap
         self.grammar = self._grammar_service(cfg)
         if self.grammar is not None:
             self.runner.sampler.steps.append(GrammarMask(self.grammar, self.runner.time_s))

@@ -46,7 +46,8 @@ class TorchNativeMetadata:
     kv_slots: list[torch.Tensor]
     masks: list[torch.Tensor | None]
     query_starts: list[int]
-    # decode: padded slot table and validity, [batch, max_len]
+    # decode: padded slot table and validity, [batch, max_len] (key positions and validity
+    # None where the decode kernel reads rows of equal length: it needs no mask)
     padded_slots: torch.Tensor | None = None
     padded_key_pos: torch.Tensor | None = None
     padded_valid: torch.Tensor | None = None
@@ -90,11 +91,16 @@ class TorchNativeBackend(AttentionBackend):
                 fb.attn_metadata = self._list_metadata(lists, rows.device)
                 return
             max_len = max(fb.seq_lens_cpu) if fb.seq_lens_cpu else 1
-            key_pos = torch.arange(max_len, device=rows.device)
             slots = fb.req_to_token[rows, :max_len]
-            valid = key_pos[None, :] < fb.seq_lens[:, None]
-            slots = torch.where(valid, slots, torch.zeros_like(slots))
-            meta = TorchNativeMetadata([], [], [], slots, key_pos, valid, fb.seq_lens)
+            if self.decode_kernel and min(fb.seq_lens_cpu, default=max_len) == max_len:
+                # No padding (batch 1 among others), and the kernel reads [first key, length)
+                # of each row: no mask to build.
+                meta = TorchNativeMetadata([], [], [], slots, kv_lens=fb.seq_lens)
+            else:
+                key_pos = torch.arange(max_len, device=rows.device)
+                valid = key_pos[None, :] < fb.seq_lens[:, None]
+                slots = torch.where(valid, slots, torch.zeros_like(slots))
+                meta = TorchNativeMetadata([], [], [], slots, key_pos, valid, fb.seq_lens)
             if self.decode_kernel:
                 meta.kernel_slots = slots.to(torch.int64).contiguous()
                 meta.kernel_lens = fb.seq_lens.to(torch.int64)
@@ -188,10 +194,10 @@ class TorchNativeBackend(AttentionBackend):
     ) -> torch.Tensor:
         fb = forward_batch
         meta: TorchNativeMetadata = fb.attn_metadata
-        assert meta.padded_slots is not None and meta.padded_valid is not None
-        assert meta.padded_key_pos is not None and meta.kv_lens is not None
         if self.decode_kernel:
             return self._decode_in_place(q, layer, fb, meta)
+        assert meta.padded_slots is not None and meta.padded_valid is not None
+        assert meta.padded_key_pos is not None and meta.kv_lens is not None
         # index_select on the flattened table is many times faster than fancy indexing.
         flat = fb.kv_pool.slots_for_layer(layer.layer_id, meta.padded_slots.reshape(-1))
         shape = (*meta.padded_slots.shape, layer.num_kv_heads, layer.head_dim)

@@ -272,7 +272,7 @@ class KVManager:
         if req.kv_allocated_len == 0:
             return -1
         assert req.req_pool_idx is not None
-        return int(self.rows.req_to_token[req.req_pool_idx, req.kv_allocated_len - 1])
+        return self.rows.slot(req.req_pool_idx, req.kv_allocated_len - 1)
 
     def _grow(self, req: Req, new_allocated_len: int, why: str) -> list[int]:
         """Allocate row positions [allocated, new_allocated_len). The scheduler asked first

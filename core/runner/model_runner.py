@@ -44,6 +44,9 @@ class ModelRunner:
         self.device = device
         self.future_size = 1 << 16
         self.future_tokens = torch.zeros(self.future_size, dtype=torch.int64, device=device)
+        # Whether sampled tokens go into `future_tokens`: only the overlap loop feeds a
+        # forward tokens that an earlier one has not handed back yet (the engine sets it).
+        self.writes_future_tokens = True
         self._next_ref = 0
         self.time_s: defaultdict[str, float] = defaultdict(float)
         self.spec: SpecAlgorithm | None = None  # set by the engine when speculation is on
@@ -64,6 +67,8 @@ class ModelRunner:
             acc += e
             last_index.append(acc - 1)
         sample_rows = [i for i, s in enumerate(batch.sample_mask) if s]
+        # A decode batch whose every row samples reads every hidden row: no index tensor.
+        every_row = batch.mode is ForwardMode.DECODE and len(sample_rows) == len(batch.reqs)
         fb = ForwardBatch.from_lengths(
             batch.mode,
             input_ids=batch.input_ids,
@@ -75,11 +80,9 @@ class ModelRunner:
             req_to_token=self.req_to_token_pool.req_to_token,
             kv_pool=self.kv_pool,
             device=dev,
-            logits_indices=torch.tensor([last_index[i] for i in sample_rows], dtype=torch.int64,
-                                        device=dev),
+            logits_indices=None if every_row else torch.tensor(
+                [last_index[i] for i in sample_rows], dtype=torch.int64, device=dev),
         )
-        if batch.mode is ForwardMode.DECODE:
-            fb.logits_indices = None if len(sample_rows) == len(batch.reqs) else fb.logits_indices
         spec_decode = self.spec is not None and batch.mode is ForwardMode.DECODE
         if self.spec is not None and batch.mode is ForwardMode.EXTEND:
             fb.capture_hidden = True
@@ -102,6 +105,7 @@ class ModelRunner:
             generators=[reqs[i].generator for i in sample_rows],
             want_logprobs=any(p.logprobs for p in params),
             spec_decode=spec_decode,
+            future_inputs=any(token < 0 for token in batch.input_ids),
         )
         self.time_s["prepare"] += time.perf_counter() - t0
         return step
@@ -115,7 +119,7 @@ class ModelRunner:
                               spec_out.tokens, spec_out.logprobs)
         fb = step.forward_batch
         t0 = time.perf_counter()
-        if bool((fb.input_ids < 0).any()):
+        if step.future_inputs:  # known from the host list: no look at the tensor
             ids = fb.input_ids
             fb.input_ids = torch.where(ids < 0, self.future_tokens[(-ids - 1).clamp(min=0)], ids)
         self.backend.init_forward_metadata(fb)
@@ -135,10 +139,12 @@ class ModelRunner:
                     errors[row] = err
             for row, token in zip(step.sample_rows, sampled.ids, strict=True):
                 next_ids[row] = token
-            refs = torch.tensor([step.future_refs[r] for r in step.sample_rows], dtype=torch.int64)
-            self.future_tokens[refs.to(self.device)] = torch.tensor(
-                sampled.ids, dtype=torch.int64, device=self.device
-            )
+            if self.writes_future_tokens:
+                refs = torch.tensor([step.future_refs[r] for r in step.sample_rows],
+                                    dtype=torch.int64)
+                self.future_tokens[refs.to(self.device)] = torch.tensor(
+                    sampled.ids, dtype=torch.int64, device=self.device
+                )
             if logprobs is not None:
                 logprobs_all = [0.0] * len(step.reqs)
                 for row, lp in zip(step.sample_rows, logprobs, strict=True):

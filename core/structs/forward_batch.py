@@ -79,19 +79,25 @@ class ForwardBatch:
         prefix = list(prefix_lens)
         extend = list(extend_lens)
         seq_lens = [p + e for p, e in zip(prefix, extend, strict=True)]
-
-        def ids(values: torch.Tensor | Sequence[int]) -> torch.Tensor:
-            return torch.as_tensor(values, dtype=torch.int64).to(device)
+        lists = (input_ids, positions, out_cache_loc, seq_lens, prefix, extend)
+        tensors: Sequence[torch.Tensor]
+        if torch.device(device).type == "cpu" and all(isinstance(v, list) for v in lists):
+            # One tensor for the six host lists, viewed in parts: one allocation per step.
+            joined = [x for values in lists for x in values]
+            whole = torch.tensor(joined, dtype=torch.int64)
+            tensors = whole.split([len(values) for values in lists])
+        else:
+            tensors = [torch.as_tensor(v, dtype=torch.int64).to(device) for v in lists]
 
         return cls(
             mode=mode,
-            input_ids=ids(input_ids),
-            positions=ids(positions),
-            out_cache_loc=ids(out_cache_loc),
+            input_ids=tensors[0],
+            positions=tensors[1],
+            out_cache_loc=tensors[2],
             req_pool_indices=req_pool_indices.to(device),
-            seq_lens=ids(seq_lens),
-            extend_prefix_lens=ids(prefix),
-            extend_seq_lens=ids(extend),
+            seq_lens=tensors[3],
+            extend_prefix_lens=tensors[4],
+            extend_seq_lens=tensors[5],
             req_to_token=req_to_token,
             kv_pool=kv_pool,
             seq_lens_cpu=seq_lens,

@@ -27,6 +27,8 @@ class PreparedStep:
     generators: list[torch.Generator | None]
     want_logprobs: bool
     spec_decode: bool = False  # a speculative round: the spec algorithm runs it
+    # Some input id is a future reference (negative: overlap loop), resolved before the forward.
+    future_inputs: bool = True
 
 
 @dataclass
