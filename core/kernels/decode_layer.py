@@ -297,6 +297,8 @@ class DecodeStack:
             [w.down_bias for w in f], [int(w.activations == "int8") for w in f],
         )
         self._batch = BatchPacks([_dense_matrices(w) for w in f])
+        # What set_kv gave the compiled stack last: every layer's (k, v) buffers and scales.
+        self._kv: tuple[list[torch.Tensor], list[torch.Tensor], list[float]] | None = None
 
     def takes_batch(self, hidden: torch.Tensor) -> bool:
         """True when `run` takes `hidden`'s rows past the few-row kernel: the op-by-op path
@@ -322,6 +324,18 @@ class DecodeStack:
             packs = self._batch.packs_if_changed()
             if packs is not None:
                 self._stack.set_packs(*packs)
+        first = plans[0] if plans else None
+        if first is not None and len(plans) == len(self.layers) and all(
+            p.store_slots is first.store_slots and p.slots is first.slots
+            and p.first_key is first.first_key and p.kv_lens is first.kv_lens for p in plans
+        ):
+            # Every layer stores at and reads the same slots: the buffers and scales are held
+            # by the compiled stack (they stay from step to step), the slots passed once.
+            self._set_kv(plans)
+            shared: torch.Tensor = self._stack.run_shared(
+                hidden, cos, sin, first.store_slots, first.slots, first.first_key,
+                first.kv_lens, batch)
+            return shared
         out: torch.Tensor = self._stack.run(
             hidden, cos, sin, [p.k_buffer for p in plans], [p.v_buffer for p in plans],
             [p.store_slots for p in plans], [p.slots for p in plans],
@@ -329,6 +343,18 @@ class DecodeStack:
             batch,
         )
         return out
+
+    def _set_kv(self, plans: Sequence[PagedDecodePlan]) -> None:
+        """Hand the plans' KV buffers and scales to the compiled stack where they moved."""
+        held = self._kv
+        if held is not None and all(
+            p.k_buffer is k and p.v_buffer is v and p.scale == s
+            for p, k, v, s in zip(plans, *held, strict=True)
+        ):
+            return
+        kv = ([p.k_buffer for p in plans], [p.v_buffer for p in plans], [p.scale for p in plans])
+        self._stack.set_kv(*kv)
+        self._kv = kv
 
     def run_reference(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -327,6 +327,64 @@ def test_stack_equals_the_layers_one_by_one_and_refuses_missing_plans() -> None:
         stack.run(r["hidden"], r["cos"], r["sin"], plans[:2])
 
 
+@pytest.mark.parametrize("window", [False, True])
+def test_stack_with_shared_slots_holds_the_buffers_and_equals_the_layers(
+    monkeypatch: pytest.MonkeyPatch, window: bool
+) -> None:
+    """Plans that share their slot operands (a model without windowed layers) run through
+    `run_shared` with the buffers and scales held by the stack (handed again only when one
+    moves), bit for bit the layers one by one; the compiled call refuses to run before the
+    buffers are set."""
+    shape, dtype = SHAPES[1], _dtypes()[-1]
+    _, heads, kv_heads, head_dim, _ = shape
+    layers = []
+    for seed in range(3):
+        p = _layer(shape, seed == 1, dtype, seed)
+        layers.append(dl.LayerWeights(
+            p["input_norm"], EPS, p["qkv_w"], p["qkv_b"], heads, kv_heads, head_dim, p["o_w"],
+            p["o_b"], p["post_norm"], EPS * 2, p["gate_up_w"], p["gate_up_b"], p["down_w"],
+            p["down_b"],
+        ))
+    stack = dl.DecodeStack(layers)
+    with pytest.raises(RuntimeError, match=r"KV buffers of the 3 layers are needed first"):
+        plan, r = _plan(shape, 2, dtype, window), _rows(shape, 2, dtype, seed=3)
+        stack._stack.run_shared(r["hidden"], r["cos"], r["sin"], plan.store_slots, plan.slots,
+                                plan.first_key, plan.kv_lens, False)
+    handed: list[str] = []
+    monkeypatch.setattr(stack, "_stack", _Recording(stack._stack, handed))
+
+    def layer_plans(seed: int) -> list[PagedDecodePlan]:
+        """One cache per layer (its own scale), the same slot operands for all."""
+        base = _plan(shape, 2, dtype, window)
+        torch.manual_seed(seed)
+        return [dataclasses.replace(base, k_buffer=base.k_buffer + torch.randn(()),
+                                    v_buffer=base.v_buffer - i, scale=0.3 + 0.1 * i)
+                for i in range(3)]
+
+    first = layer_plans(0)
+    for step, plans in enumerate([first, first, layer_plans(1)]):
+        r = _rows(shape, 2, dtype, seed=3 + step)
+        ref_plans = [_copy(plan) for plan in plans]
+        out = stack.run(r["hidden"], r["cos"], r["sin"], plans)
+        ref = stack.run_reference(r["hidden"], r["cos"], r["sin"], ref_plans)
+        assert torch.equal(out, ref)
+        for plan, ref_plan in zip(plans, ref_plans, strict=True):
+            assert torch.equal(plan.k_buffer, ref_plan.k_buffer)
+            assert torch.equal(plan.v_buffer, ref_plan.v_buffer)
+    assert handed == ["set_kv", "run_shared", "run_shared", "set_kv", "run_shared"]
+
+
+class _Recording:
+    """The compiled stack, recording which of its methods are called."""
+
+    def __init__(self, stack: Any, calls: list[str]) -> None:
+        self._stack, self._calls = stack, calls
+
+    def __getattr__(self, name: str) -> Any:
+        self._calls.append(name)
+        return getattr(self._stack, name)
+
+
 def test_stack_sees_weight_writes_and_is_rebuilt_for_a_new_parameter(tmp_path: Path) -> None:
     """The model's stack shares the parameters' storage (an in-place write changes its
     output) and is built again once a parameter object is replaced."""

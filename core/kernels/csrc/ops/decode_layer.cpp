@@ -278,6 +278,8 @@ struct DecodeStack : torch::CustomClassHolder {
   std::vector<double> input_eps, post_eps;
   std::vector<int64_t> heads, kv_heads, head_dim, int8_activations;
   std::vector<LayerPacks> packs;  // none, or one per layer
+  Tensors kv_k, kv_v;  // set_kv: every layer's cache buffers, for run_shared
+  std::vector<double> kv_scales;
 
   DecodeStack(Tensors input_norm_w_, std::vector<double> input_eps_, Layers qkv_w_,
               LayerFormats qkv_f_, std::vector<OptTensor> qkv_b_, std::vector<int64_t> heads_,
@@ -328,6 +330,43 @@ struct DecodeStack : torch::CustomClassHolder {
       packs.push_back(LayerPacks{std::move(qkv[i]), std::move(o[i]), std::move(gate_up[i]),
                                  std::move(down[i])});
     }
+  }
+
+  // Every layer's KV cache buffers and softmax scale, which `run_shared` reads (they stay
+  // the same from step to step: set once instead of passed with every call).
+  void set_kv(Tensors k_buffers, Tensors v_buffers, std::vector<double> scales) {
+    const size_t n = input_norm_w.size();
+    TORCH_CHECK(k_buffers.size() == n && v_buffers.size() == n && scales.size() == n,
+                "DecodeStack.set_kv: one k buffer, v buffer and scale per layer is needed (",
+                n, " layers), got ", k_buffers.size(), ", ", v_buffers.size(), ", ",
+                scales.size());
+    kv_k = std::move(k_buffers);
+    kv_v = std::move(v_buffers);
+    kv_scales = std::move(scales);
+  }
+
+  // `run` where every layer stores at and reads the same slots (a model without windowed
+  // layers): layer i's attention is kv_k[i], kv_v[i] and kv_scales[i] (set_kv) with
+  // store_slots, slots, first_key and kv_lens. The same results as `run` with those plans.
+  at::Tensor run_shared(at::Tensor hidden, at::Tensor cos, at::Tensor sin,
+                        at::Tensor store_slots, at::Tensor slots, at::Tensor first_key,
+                        at::Tensor kv_lens, bool batch) const {
+    const size_t n = input_norm_w.size();
+    TORCH_CHECK(kv_k.size() == n, "DecodeStack.run_shared: the KV buffers of the ", n,
+                " layers are needed first (set_kv), the stack holds ", kv_k.size());
+    TORCH_CHECK(!batch || packs.size() == n, "DecodeStack.run_shared: batch rows need every "
+                "layer's batch packs (set_packs), the stack holds ", packs.size(), " for ", n,
+                " layers");
+    const LayerPacks none;
+    for (size_t i = 0; i < n; ++i) {
+      hidden = decode_step_packed(
+          hidden, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i], cos, sin,
+          heads[i], kv_heads[i], head_dim[i], kv_k[i], kv_v[i], store_slots, slots, first_key,
+          kv_lens, kv_scales[i], o_w[i], o_f[i], o_b[i], post_norm_w[i], post_eps[i],
+          gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i], down_f[i], down_b[i],
+          int8_activations[i] != 0, batch ? packs[i] : none);
+    }
+    return hidden;
   }
 
   // hidden through every layer's decode_step; cos / sin are every layer's rope angles, and
@@ -394,5 +433,7 @@ TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
                        LayerFormats, OptTensors, Layers, LayerFormats, OptTensors, Ints>())
       .def("layers", &DecodeStack::layers)
       .def("set_packs", &DecodeStack::set_packs)
+      .def("set_kv", &DecodeStack::set_kv)
+      .def("run_shared", &DecodeStack::run_shared)
       .def("run", &DecodeStack::run);
 }
