@@ -60,6 +60,9 @@ class TorchNativeMetadata:
     # the new tokens' slots as int64, where a full layer stores its k and v (made by the
     # first layer's plan, read by the others)
     kernel_store_slots: torch.Tensor | None = None
+    # a full layer's plan operands (store slots, slot table, first keys, lengths): the same
+    # objects for every such layer, so the decode stack passes them once
+    kernel_full_layer: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 class TorchNativeBackend(AttentionBackend):
@@ -227,6 +230,17 @@ class TorchNativeBackend(AttentionBackend):
         meta: TorchNativeMetadata = fb.attn_metadata
         if meta.kernel_slots is None:  # a draft's per-branch lists: `forward` builds them
             return None
+        pool = fb.kv_pool
+        if layer.sliding_window is None and not pool.is_windowed(layer.layer_id):
+            # A full layer: the operands every such layer shares, made once per batch.
+            if meta.kernel_full_layer is None:
+                assert meta.kernel_lens is not None and meta.kernel_first_key is not None
+                if meta.kernel_store_slots is None:
+                    meta.kernel_store_slots = fb.out_cache_loc.to(torch.int64)
+                meta.kernel_full_layer = (meta.kernel_store_slots, meta.kernel_slots,
+                                          meta.kernel_first_key, meta.kernel_lens)
+            return PagedDecodePlan(pool.get_k(layer.layer_id), pool.get_v(layer.layer_id),
+                                   *meta.kernel_full_layer, layer.scaling)
         # `set_kv` writes where `slots_for_layer` maps the new tokens' slots (its contract:
         # the same slots for a layer that is not windowed).
         if fb.kv_pool.is_windowed(layer.layer_id):

@@ -246,7 +246,8 @@ def test_model_decode_steps_equal_without_the_kernel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, kind: str
 ) -> None:
     """A tiny model's prefill and decode logits, with the layers' compiled path and without
-    it, are the same bits; and every decode step runs the whole stack in one call."""
+    it, are the same bits; and every decode step runs the whole stack in one call, with the
+    slot operands torch_native shares between its full layers passed once (run_shared)."""
     tiny_hf_model(kind, tmp_path)
     model = load_model(str(tmp_path), dtype=dtype, device="cpu").model
     prompts = random_prompts([3, 2] if dtype == torch.float32 else [4], seed=5)
@@ -259,8 +260,17 @@ def test_model_decode_steps_equal_without_the_kernel(
         return real_run(self, *args)
 
     monkeypatch.setattr(dl.DecodeStack, "run", counting)
+    shared = 0
+    real_set_kv = dl.DecodeStack._set_kv
+
+    def counting_shared(self: dl.DecodeStack, plans: Any) -> None:
+        nonlocal shared
+        shared += 1
+        real_set_kv(self, plans)
+
+    monkeypatch.setattr(dl.DecodeStack, "_set_kv", counting_shared)
     with_kernel = _model_logits(model, prompts)
-    assert runs == 3  # every decode step, all layers in one call
+    assert runs == 3 and shared == 3  # every decode step, all layers in one call
     monkeypatch.setattr(dl, "applies", lambda *args: False)
     without = _model_logits(model, prompts)
     assert runs == 3
