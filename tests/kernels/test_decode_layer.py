@@ -384,6 +384,30 @@ def test_stack_with_shared_slots_holds_the_buffers_and_equals_the_layers(
     assert handed == ["set_kv", "run_shared", "run_shared", "set_kv", "run_shared"]
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_stack_of_layers_of_different_shapes_equals_the_layers(rows: int) -> None:
+    """The buffers a stack call reuses are shaped after its first layer; a layer of another
+    width (heads, MLP) gets its own, with the same bits as the layers one by one."""
+    shapes = [(40, 4, 2, 10, 56), (40, 2, 1, 10, 24), (40, 4, 2, 10, 56), (40, 6, 3, 10, 56)]
+    dtype = _dtypes()[-1]
+    layers = []
+    for seed, (_, heads, kv_heads, head_dim, _) in enumerate(shapes):
+        p = _layer(shapes[seed], seed == 1, dtype, seed)
+        layers.append(dl.LayerWeights(
+            p["input_norm"], EPS, p["qkv_w"], p["qkv_b"], heads, kv_heads, head_dim, p["o_w"],
+            p["o_b"], p["post_norm"], EPS, p["gate_up_w"], p["gate_up_b"], p["down_w"],
+            p["down_b"],
+        ))
+    stack = dl.DecodeStack(layers)
+    r = _rows(shapes[0], rows, dtype, seed=4)
+    plans = [_plan(shape, rows, dtype, window=False) for shape in shapes]
+    ref_plans = [_copy(plan) for plan in plans]
+    out = stack.run(r["hidden"], r["cos"], r["sin"], plans)
+    assert torch.equal(out, stack.run_reference(r["hidden"], r["cos"], r["sin"], ref_plans))
+    again = stack.run(r["hidden"], r["cos"], r["sin"], [_copy(plan) for plan in ref_plans])
+    assert torch.equal(again, out) and again.data_ptr() != out.data_ptr()  # a new result
+
+
 class _Recording:
     """The compiled stack, recording which of its methods are called."""
 

@@ -7,7 +7,7 @@ namespace plugserve::ops {
 
 at::Tensor paged_decode(at::Tensor q, const at::Tensor& k, const at::Tensor& v,
                         const at::Tensor& slots, at::Tensor first_key, at::Tensor kv_lens,
-                        double scale, double k_scale, double v_scale) {
+                        double scale, double k_scale, double v_scale, at::Tensor out) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "paged_decode: q, k, v must be 3-d");
   TORCH_CHECK(k.scalar_type() == v.scalar_type(), "paged_decode: k and v must share a dtype");
   const Dtype qd = float_dtype(q, "paged_decode"), kd = kv_dtype(k, "paged_decode");
@@ -29,7 +29,7 @@ at::Tensor paged_decode(at::Tensor q, const at::Tensor& k, const at::Tensor& v,
   q = q.contiguous();
   first_key = first_key.contiguous();
   kv_lens = kv_lens.contiguous();
-  auto out = at::empty_like(q);
+  out = out_or_empty(out, q.sizes(), q, "paged_decode");
   if (q.numel() == 0) return out;
   PagedDecodeArgs a{};
   a.q = q.data_ptr();

@@ -79,13 +79,15 @@ void skinny_linear_into(const at::Tensor& x, const at::Tensor& w, const at::Tens
 
 // out [M, N] = x [M, K] @ dequantize(w).T (+ bias) with the few-row kernel over GGML blocks
 // of `format` (q8_0, q4_0, ...; ops/quant_linear.cpp), x float32 or bfloat16.
+// `out`: where to write, a contiguous [M, N] tensor of x's dtype (undefined: a new one).
 at::Tensor quant_linear(at::Tensor x, at::Tensor w, const std::string& format,
-                        const std::optional<at::Tensor>& bias, bool int8_activations);
+                        const std::optional<at::Tensor>& bias, bool int8_activations,
+                        at::Tensor out = {});
 // The same for weights w[i] of formats[i] sharing x, stacked along the outputs (one [M, sum
 // of their rows] output, one bias for all), with int8 activations: x rounded once, one pass.
 at::Tensor quant_linear_parts(at::Tensor x, const std::vector<at::Tensor>& w,
                               const std::vector<std::string>& formats,
-                              const std::optional<at::Tensor>& bias);
+                              const std::optional<at::Tensor>& bias, at::Tensor out = {});
 
 // The batch linears against their packed weights (ops/dense_amx.cpp, ops/linear.cpp):
 // x [M, K] bf16 @ w.T (+ bias) on AMX tiles, w packed by plugserve.kernels.dense_amx.pack;
@@ -103,10 +105,23 @@ void add_rms_norm_into(const at::Tensor& x, const at::Tensor& residual, const at
 void silu_mul_into(const at::Tensor& gate_up, at::Tensor& out);
 void rope_in_place(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
-// Decode attention over a paged cache (ops/attention.cpp).
+// Decode attention over a paged cache (ops/attention.cpp); `out` as for quant_linear (q's
+// shape).
 at::Tensor paged_decode(at::Tensor q, const at::Tensor& k, const at::Tensor& v,
                         const at::Tensor& slots, at::Tensor first_key, at::Tensor kv_lens,
-                        double scale, double k_scale, double v_scale);
+                        double scale, double k_scale, double v_scale, at::Tensor out = {});
+
+// `out` if it is defined (checked to be a contiguous tensor of `sizes` and `like`'s dtype),
+// else a new one: the ops that write into a caller's buffer.
+inline at::Tensor out_or_empty(const at::Tensor& out, at::IntArrayRef sizes,
+                               const at::Tensor& like, const char* what) {
+  if (!out.defined()) return at::empty(sizes, like.options());
+  TORCH_CHECK(out.sizes() == sizes && out.scalar_type() == like.scalar_type() &&
+                  out.is_contiguous() && out.device() == like.device(),
+              what, ": the output must be a contiguous ", sizes, " tensor of ",
+              like.scalar_type(), ", got ", out.sizes(), " of ", out.scalar_type());
+  return out;
+}
 
 // buffer[slots[r]] = rows[r] (converted to the buffer's dtype, / scale for fp8).
 void store_rows(at::Tensor& buffer, const at::Tensor& slots, const at::Tensor& rows,

@@ -24,10 +24,10 @@
 // picks for those rows: the AMX linear for bf16 (ops/dense_amx.cpp), the panel GEMM for
 // float32 (ops/linear.cpp). The Python side (plugserve.kernels.decode_layer.DecodeStack) says
 // which rows take which kernel and hands the packs from the kernels' own caches.
-#include <ATen/ops/add.h>
 #include <ATen/ops/cat.h>
 #include <torch/custom_class.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,12 +65,47 @@ struct LayerPacks {
   at::Tensor qkv, o, gate_up, down;
 };
 
-// x @ w.T (+ bias) into a new [rows, outputs] tensor, w dense (formats empty: w is one
-// tensor) or quantized (w[i] the blocks of formats[i], stacked along the outputs). A dense w
-// with a defined `pack` goes to the batch linear of x's dtype against that pack.
+// Buffers one stack call reuses layer after layer for its few rows, so that a layer's
+// intermediate results cost no allocation each (a decode step is ~10 of them per layer).
+// Sized from the first layer; a layer of another shape gets new tensors (`fit`). A layer
+// reads the hidden rows the previous one wrote, so the hidden rows alternate between two.
+struct Scratch {
+  at::Tensor normed, qkv, attn, o, mlp_in, gate_up, act, mlp;
+  at::Tensor hidden[2];
+  int next_hidden = 0;
+
+  Scratch(const at::Tensor& x, int64_t qkv_outputs, int64_t heads, int64_t head_dim,
+          int64_t gate_up_outputs) {
+    const int64_t rows = x.size(0), width = x.size(1);
+    const auto opts = x.options();
+    normed = at::empty({rows, width}, opts);
+    qkv = at::empty({rows, qkv_outputs}, opts);
+    attn = at::empty({rows, heads, head_dim}, opts);
+    o = at::empty({rows, width}, opts);
+    mlp_in = at::empty({rows, width}, opts);
+    gate_up = at::empty({rows, gate_up_outputs}, opts);
+    act = at::empty({rows, gate_up_outputs / 2}, opts);
+    mlp = at::empty({rows, width}, opts);
+    hidden[0] = at::empty({rows, width}, opts);
+    hidden[1] = at::empty({rows, width}, opts);
+  }
+};
+
+// `buffer` where it has exactly `sizes` (and there is a scratch at all), else undefined (the
+// op then allocates).
+at::Tensor fit(const Scratch* s, const at::Tensor Scratch::*buffer, at::IntArrayRef sizes) {
+  if (s == nullptr) return {};
+  const at::Tensor& t = s->*buffer;
+  return t.sizes() == sizes ? t : at::Tensor();
+}
+
+// x @ w.T (+ bias) into a new [rows, outputs] tensor (or `out`, where defined and the few-row
+// kernels run), w dense (formats empty: w is one tensor) or quantized (w[i] the blocks of
+// formats[i], stacked along the outputs). A dense w with a defined `pack` goes to the batch
+// linear of x's dtype against that pack.
 at::Tensor linear(const at::Tensor& x, const Tensors& w, const Strings& formats,
                   const OptTensor& bias, bool int8_activations, const char* what,
-                  const at::Tensor& pack) {
+                  const at::Tensor& pack, const at::Tensor& out = {}) {
   if (formats.empty()) {
     TORCH_CHECK(w.size() == 1, what, ": a dense weight is one tensor, got ", w.size());
     check_matrix(x, w[0], what);
@@ -78,22 +113,22 @@ at::Tensor linear(const at::Tensor& x, const Tensors& w, const Strings& formats,
       return x.scalar_type() == at::kBFloat16 ? dense_amx_linear(x, pack, w[0].size(0), bias)
                                               : panel_gemm(x, pack, w[0].size(0), bias);
     }
-    auto out = at::empty({x.size(0), w[0].size(0)}, x.options());
-    skinny_linear_into(x, w[0].contiguous(), bias_as_float(bias, w[0].size(0), what), out);
-    return out;
+    auto y = out_or_empty(out, {x.size(0), w[0].size(0)}, x, what);
+    skinny_linear_into(x, w[0].contiguous(), bias_as_float(bias, w[0].size(0), what), y);
+    return y;
   }
   TORCH_CHECK(!pack.defined(), what, ": a batch pack is for a dense weight, this one is ",
               formats.size(), " quantized part(s)");
   TORCH_CHECK(w.size() == formats.size(), what, ": ", w.size(), " quantized parts for ",
               formats.size(), " formats");
-  if (w.size() == 1) return quant_linear(x, w[0], formats[0], bias, int8_activations);
+  if (w.size() == 1) return quant_linear(x, w[0], formats[0], bias, int8_activations, out);
   int64_t outputs = 0;
   for (const auto& part : w) outputs += part.size(0);
   const bool has_bias = bias.has_value() && bias->defined();
   TORCH_CHECK(!has_bias || bias->numel() == outputs, what, ": bias has ", bias->numel(),
               " values for ", outputs, " outputs");
   // The same values as part by part (each output row is computed alone), in one pass.
-  if (int8_activations) return quant_linear_parts(x, w, formats, bias);
+  if (int8_activations) return quant_linear_parts(x, w, formats, bias, out);
   Tensors outs;
   int64_t row = 0;
   for (size_t i = 0; i < w.size(); ++i) {  // as plugserve.model.quant_weight.quant_matmul
@@ -103,6 +138,30 @@ at::Tensor linear(const at::Tensor& x, const Tensors& w, const Strings& formats,
     row += rows;
   }
   return at::cat(outs, 1);
+}
+
+// hidden += mlp for contiguous tensors of one shape and dtype (float32 or bf16), as torch's
+// add_ computes it (the sum in float32, rounded to bf16 once), in a plain loop: at a decode
+// step's few rows torch's add costs microseconds of dispatch per layer for a 576-wide row.
+void add_in_place(at::Tensor& hidden, const at::Tensor& mlp) {
+  TORCH_CHECK(hidden.sizes() == mlp.sizes() && hidden.scalar_type() == mlp.scalar_type() &&
+                  hidden.is_contiguous() && mlp.is_contiguous(),
+              "attention_output_and_mlp: the MLP output ", mlp.sizes(), " does not match the "
+              "hidden rows ", hidden.sizes());
+  const int64_t n = hidden.numel();
+  if (hidden.scalar_type() == at::kFloat) {
+    float* h = hidden.data_ptr<float>();
+    const float* m = mlp.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) h[i] += m[i];
+    return;
+  }
+  TORCH_CHECK(hidden.scalar_type() == at::kBFloat16, "attention_output_and_mlp: float32 or "
+              "bfloat16 rows, got ", hidden.scalar_type());
+  auto* h = hidden.data_ptr<at::BFloat16>();
+  const auto* m = mlp.data_ptr<at::BFloat16>();
+  for (int64_t i = 0; i < n; ++i) {
+    h[i] = at::BFloat16(static_cast<float>(h[i]) + static_cast<float>(m[i]));
+  }
 }
 
 int64_t outputs_of(const Tensors& w) {
@@ -116,7 +175,7 @@ at::Tensor attention_input_packed(at::Tensor hidden, at::Tensor norm_w, double e
                                   const OptTensor& qkv_b, const at::Tensor& cos,
                                   const at::Tensor& sin, int64_t rotated_heads,
                                   int64_t head_dim, bool int8_activations,
-                                  const at::Tensor& qkv_pack) {
+                                  const at::Tensor& qkv_pack, const Scratch* s = nullptr) {
   check_rows(hidden, "attention_input");
   check_norm(hidden, norm_w, "attention_input");
   const int64_t qkv_outputs = outputs_of(qkv_w);
@@ -135,10 +194,12 @@ at::Tensor attention_input_packed(at::Tensor hidden, at::Tensor norm_w, double e
   }
   hidden = hidden.contiguous();
   norm_w = norm_w.contiguous();
-  auto normed = at::empty_like(hidden);
+  auto normed = fit(s, &Scratch::normed, hidden.sizes());
+  if (!normed.defined()) normed = at::empty_like(hidden);
   rms_norm_into(hidden, norm_w, eps, /*unit_offset=*/false, normed);
   auto qkv = linear(normed, qkv_w, qkv_formats, qkv_b, int8_activations,
-                    "attention_input (qkv)", qkv_pack);
+                    "attention_input (qkv)", qkv_pack,
+                    fit(s, &Scratch::qkv, {hidden.size(0), qkv_outputs}));
   auto qk = qkv.narrow(1, 0, rotated_heads * head_dim).view({qkv.size(0), rotated_heads, head_dim});
   rope_in_place(qk, cos, sin);
   return qkv;
@@ -156,7 +217,7 @@ at::Tensor attention_output_and_mlp_packed(
     at::Tensor residual, at::Tensor norm_w, double eps, const Tensors& gate_up_w,
     const Strings& gate_up_formats, const OptTensor& gate_up_b, const Tensors& down_w,
     const Strings& down_formats, const OptTensor& down_b, bool int8_activations,
-    const LayerPacks& packs) {
+    const LayerPacks& packs, Scratch* s = nullptr) {
   check_rows(attn, "attention_output_and_mlp");
   check_rows(residual, "attention_output_and_mlp (residual)");
   TORCH_CHECK(residual.scalar_type() == attn.scalar_type(),
@@ -165,23 +226,36 @@ at::Tensor attention_output_and_mlp_packed(
   attn = attn.contiguous();
   residual = residual.contiguous();
   norm_w = norm_w.contiguous();
+  const int64_t rows = attn.size(0), width = residual.size(1);
   const auto o = linear(attn, o_w, o_formats, o_b, int8_activations,
-                        "attention_output_and_mlp (o)", packs.o);
+                        "attention_output_and_mlp (o)", packs.o,
+                        fit(s, &Scratch::o, {rows, outputs_of(o_w)}));
   TORCH_CHECK(o.sizes() == residual.sizes(), "attention_output_and_mlp: the residual must be ",
               o.sizes(), ", got ", residual.sizes());
   check_norm(o, norm_w, "attention_output_and_mlp");
-  auto mlp_in = at::empty_like(o);
-  auto hidden = at::empty_like(o);
+  auto mlp_in = fit(s, &Scratch::mlp_in, o.sizes());
+  if (!mlp_in.defined()) mlp_in = at::empty_like(o);
+  at::Tensor hidden;
+  if (s != nullptr && s->hidden[s->next_hidden].sizes() == o.sizes()) {
+    hidden = s->hidden[s->next_hidden];  // not `residual`: that is the other one
+    s->next_hidden ^= 1;
+  } else {
+    hidden = at::empty_like(o);
+  }
   add_rms_norm_into(o, residual, norm_w, eps, /*unit_offset=*/false, mlp_in, hidden);
   const auto gate_up = linear(mlp_in, gate_up_w, gate_up_formats, gate_up_b, int8_activations,
-                              "attention_output_and_mlp (gate_up)", packs.gate_up);
+                              "attention_output_and_mlp (gate_up)", packs.gate_up,
+                              fit(s, &Scratch::gate_up, {rows, outputs_of(gate_up_w)}));
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "attention_output_and_mlp: gate_up has ",
               gate_up.size(1), " outputs; gate | up needs an even number");
-  auto act = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+  auto act = fit(s, &Scratch::act, {gate_up.size(0), gate_up.size(1) / 2});
+  if (!act.defined()) act = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
   silu_mul_into(gate_up, act);
   const auto mlp = linear(act, down_w, down_formats, down_b, int8_activations,
-                          "attention_output_and_mlp (down)", packs.down);
-  return hidden.add_(mlp);  // torch's add: the sum rounded to T once, as `hidden + mlp` does
+                          "attention_output_and_mlp (down)", packs.down,
+                          fit(s, &Scratch::mlp, {rows, width}));
+  add_in_place(hidden, mlp);  // the sum rounded to T once, as `hidden + mlp` does
+  return hidden;
 }
 
 at::Tensor attention_output_and_mlp(at::Tensor attn, Tensors o_w, Strings o_formats,
@@ -209,7 +283,8 @@ at::Tensor decode_step_packed(
     const Strings& o_formats, const OptTensor& o_b, const at::Tensor& post_norm_w,
     double post_eps, const Tensors& gate_up_w, const Strings& gate_up_formats,
     const OptTensor& gate_up_b, const Tensors& down_w, const Strings& down_formats,
-    const OptTensor& down_b, bool int8_activations, const LayerPacks& packs) {
+    const OptTensor& down_b, bool int8_activations, const LayerPacks& packs,
+    Scratch* s = nullptr) {
   const int64_t rows = hidden.size(0);
   for (const auto* buffer : {&k_buffer, &v_buffer}) {
     const auto dtype = buffer->scalar_type();
@@ -225,7 +300,7 @@ at::Tensor decode_step_packed(
               " of ", store_slots.scalar_type(), " for ", rows, " rows");
   const auto qkv = attention_input_packed(hidden, input_norm_w, input_eps, qkv_w, qkv_formats,
                                           qkv_b, cos, sin, heads + kv_heads, head_dim,
-                                          int8_activations, packs.qkv);
+                                          int8_activations, packs.qkv, s);
   const int64_t q_width = heads * head_dim, kv_width = kv_heads * head_dim;
   TORCH_CHECK(qkv.size(1) == q_width + 2 * kv_width, "decode_step: the qkv projection has ",
               qkv.size(1), " outputs, not ", q_width + 2 * kv_width, " for ", heads, " + 2 x ",
@@ -237,11 +312,11 @@ at::Tensor decode_step_packed(
   store_rows(k_buffer, store_slots, k, 1.0);
   store_rows(v_buffer, store_slots, v, 1.0);
   const auto attn = paged_decode(q, k_buffer, v_buffer, slots, first_key, kv_lens, scale, 1.0,
-                                 1.0);
+                                 1.0, fit(s, &Scratch::attn, q.sizes()));
   return attention_output_and_mlp_packed(attn.view({rows, q_width}), o_w, o_formats, o_b,
                                          hidden, post_norm_w, post_eps, gate_up_w,
                                          gate_up_formats, gate_up_b, down_w, down_formats,
-                                         down_b, int8_activations, packs);
+                                         down_b, int8_activations, packs, s);
 }
 
 at::Tensor decode_step(at::Tensor hidden, at::Tensor input_norm_w, double input_eps,
@@ -311,6 +386,14 @@ struct DecodeStack : torch::CustomClassHolder {
 
   int64_t layers() const { return static_cast<int64_t>(input_norm_w.size()); }
 
+  // The buffers a call over few rows reuses from layer to layer (none for batch rows, whose
+  // linears allocate their own), shaped after the first layer.
+  std::unique_ptr<Scratch> few_rows_scratch(const at::Tensor& hidden, bool batch) const {
+    if (batch || input_norm_w.empty() || hidden.dim() != 2) return nullptr;
+    return std::make_unique<Scratch>(hidden, outputs_of(qkv_w[0]), heads[0], head_dim[0],
+                                     outputs_of(gate_up_w[0]));
+  }
+
   // Every layer's batch packs (one tensor per layer and projection), or none (empty lists).
   void set_packs(Tensors qkv, Tensors o, Tensors gate_up, Tensors down) {
     const size_t n = input_norm_w.size(), given = qkv.size();
@@ -358,13 +441,14 @@ struct DecodeStack : torch::CustomClassHolder {
                 "layer's batch packs (set_packs), the stack holds ", packs.size(), " for ", n,
                 " layers");
     const LayerPacks none;
+    auto scratch = few_rows_scratch(hidden, batch);
     for (size_t i = 0; i < n; ++i) {
       hidden = decode_step_packed(
           hidden, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i], cos, sin,
           heads[i], kv_heads[i], head_dim[i], kv_k[i], kv_v[i], store_slots, slots, first_key,
           kv_lens, kv_scales[i], o_w[i], o_f[i], o_b[i], post_norm_w[i], post_eps[i],
           gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i], down_f[i], down_b[i],
-          int8_activations[i] != 0, batch ? packs[i] : none);
+          int8_activations[i] != 0, batch ? packs[i] : none, scratch.get());
     }
     return hidden;
   }
@@ -386,13 +470,15 @@ struct DecodeStack : torch::CustomClassHolder {
     TORCH_CHECK(!batch || packs.size() == n, "DecodeStack.run: batch rows need every layer's "
                 "batch packs (set_packs), the stack holds ", packs.size(), " for ", n, " layers");
     const LayerPacks none;
+    auto scratch = few_rows_scratch(hidden, batch);
     for (size_t i = 0; i < n; ++i) {
       hidden = decode_step_packed(
           hidden, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i], cos, sin,
           heads[i], kv_heads[i], head_dim[i], k_buffers[i], v_buffers[i], store_slots[i],
           slots[i], first_key[i], kv_lens[i], scales[i], o_w[i], o_f[i], o_b[i],
           post_norm_w[i], post_eps[i], gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i],
-          down_f[i], down_b[i], int8_activations[i] != 0, batch ? packs[i] : none);
+          down_f[i], down_b[i], int8_activations[i] != 0, batch ? packs[i] : none,
+          scratch.get());
     }
     return hidden;
   }

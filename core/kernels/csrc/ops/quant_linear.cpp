@@ -180,12 +180,13 @@ at::Tensor quant_gemm_activations(at::Tensor x, bool int8_activations) {
 }  // namespace
 
 at::Tensor quant_linear(at::Tensor x, at::Tensor w, const std::string& format,
-                        const std::optional<at::Tensor>& bias, bool int8_activations) {
+                        const std::optional<at::Tensor>& bias, bool int8_activations,
+                        at::Tensor out) {
   const QuantFormat f = format_of(format);
   x = checked_x(x, "quant_linear");
   w = checked_blocks(w, f, format, x.size(1), "quant_linear");
   const auto bias32 = bias_as_float(bias, w.size(0), "quant_linear");
-  auto out = at::empty({x.size(0), w.size(0)}, x.options());
+  out = out_or_empty(out, {x.size(0), w.size(0)}, x, "quant_linear");
   if (x.size(0) == 0 || w.size(0) == 0) return out;
   QuantLinearArgs a{};
   a.x = x.data_ptr();
@@ -206,7 +207,7 @@ at::Tensor quant_linear(at::Tensor x, at::Tensor w, const std::string& format,
 
 at::Tensor quant_linear_parts(at::Tensor x, const std::vector<at::Tensor>& w,
                               const std::vector<std::string>& formats,
-                              const std::optional<at::Tensor>& bias) {
+                              const std::optional<at::Tensor>& bias, at::Tensor out) {
   x = checked_x(x, "quant_linear");
   std::vector<at::Tensor> blocks;
   int64_t outputs = 0;
@@ -216,7 +217,7 @@ at::Tensor quant_linear_parts(at::Tensor x, const std::vector<at::Tensor>& w,
     outputs += blocks.back().size(0);
   }
   const auto bias32 = bias_as_float(bias, outputs, "quant_linear");
-  auto out = at::empty({x.size(0), outputs}, x.options());
+  out = out_or_empty(out, {x.size(0), outputs}, x, "quant_linear");
   if (x.size(0) == 0 || outputs == 0) return out;
   std::vector<QuantLinearArgs> parts;
   int64_t row = 0;
@@ -248,7 +249,12 @@ at::Tensor quant_linear_parts(at::Tensor x, const std::vector<at::Tensor>& w,
 
 TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
   m.def("quant_linear(Tensor x, Tensor w, str format, Tensor? bias, bool int8_activations) "
-        "-> Tensor", &plugserve::ops::quant_linear);
+        "-> Tensor",
+        [](at::Tensor x, at::Tensor w, const std::string& format,
+           const std::optional<at::Tensor>& bias, bool int8_activations) {
+          return plugserve::ops::quant_linear(std::move(x), std::move(w), format, bias,
+                                              int8_activations);
+        });
   m.def("quant_dequantize(Tensor w, str format, int cols, ScalarType dtype) -> Tensor",
         &plugserve::ops::quant_dequantize);
   m.def("quant_gemm(Tensor x, Tensor w, str format, Tensor? bias, bool int8_activations, "
