@@ -380,7 +380,8 @@ class CausalLM(nn.Module):
             ropes.append(self.local_rotary(forward_batch.positions))
         hidden = self.embed(forward_batch.input_ids)
         cos, sin = ropes[0]
-        first_qkv = self.decoder_layers[0].self_attn.qkv_proj.matrix if self.all_llama_form else None
+        first_qkv = (cast(DecoderLayer, self.layers[0]).self_attn.qkv_proj.matrix
+                     if self.all_llama_form else None)
         stacked = None
         if first_qkv is not None and _few_rows_apply(hidden, first_qkv, cos):
             stacked = self._decode_layers(hidden, cos, sin, forward_batch, backend)

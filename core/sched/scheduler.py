@@ -232,7 +232,9 @@ class Scheduler:
         """Every request of `batch` gets its next slots: the cache is evicted first; when that
         is not enough, the forward in flight is resolved (requests that finished in it give
         their memory back only then); then the decode manager retracts victims."""
-        if not self.kv.can_decode(batch.reqs) and self.resolve_inflight():
+        if self.kv.can_decode(batch.reqs):
+            return  # the room is made (the common step): nothing to resolve or retract
+        if self.resolve_inflight():
             batch.filter_finished()
         retracted, failed = self.decode.retract_until_room(batch)
         self._requeue(retracted)
