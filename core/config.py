@@ -17,7 +17,7 @@ from plugserve.fixes import parse_reverts
 
 DType = Literal["float32", "bfloat16", "float16"]
 # What the KV pools store (vLLM / SGLang names); "auto" = the model's dtype.
-KVCacheDType = Literal["auto", "bfloat16", "float8_e4m3", "float8_e5m2"]
+KVCacheDType = Literal["auto", "float32", "bfloat16", "float8_e4m3", "float8_e5m2"]
 Quantization = Literal["q8_0", "q4_0", "q4_k", "none"]
 QuantActivations = Literal["int8", "float"]
 
@@ -72,8 +72,8 @@ class EngineConfig(BaseSettings):
         default="auto",
         description="what the KV pools store: auto (the model's dtype; bfloat16 for a GGUF's "
         "quantized weights run with int8 activations in float32, as llama.cpp's f16 cache), "
-        "bfloat16, float8_e4m3 or float8_e5m2 (widened to the model's dtype as attention "
-        "reads it)",
+        "float32 (a model run in float32 only, unless the backend reads it), bfloat16, "
+        "float8_e4m3 or float8_e5m2 (widened to the model's dtype as attention reads it)",
     )
     # Hybrid sliding-window models (plugserve.pools.swa_pool): windowed layers' KV in its own pool.
     swa_pools: bool = Field(

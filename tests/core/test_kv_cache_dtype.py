@@ -157,6 +157,10 @@ def test_a_backend_reads_only_the_kv_cache_dtypes_it_declares() -> None:
     assert validate_config(EngineConfig(attention="bare"), regs) == []
     assert validate_config(EngineConfig(attention="bare", dtype="bfloat16",
                                         kv_cache_dtype="bfloat16"), regs) == []
+    assert validate_config(EngineConfig(attention="bare", kv_cache_dtype="float32"), regs) == []
+    # float32 under a bf16 model is wider than the model: only a backend declaring it
+    (reason,) = validate_config(EngineConfig(dtype="bfloat16", kv_cache_dtype="float32"), regs)
+    assert "does not read a 'float32' KV cache" in reason
     for kv in NARROWER:
         assert validate_config(EngineConfig(kv_cache_dtype=kv), regs) == []  # torch_native
 

@@ -158,6 +158,7 @@ class TestQuantizedEngine(EngineTest):
         ({"quant_activations": "float"}, torch.float32),
         ({"quantization": "none"}, torch.float32),
         ({"kv_cache_dtype": "float8_e4m3"}, torch.float8_e4m3fn),
+        ({"kv_cache_dtype": "float32"}, torch.float32),  # the way back to a float32 cache
         ({"dtype": "bfloat16"}, torch.bfloat16),
     ])
     def test_auto_kv_cache_dtype_of_a_quantized_gguf(
@@ -192,6 +193,7 @@ def test_auto_kv_cache_dtype_rule() -> None:
     assert pool(dtype=torch.float16) == torch.float16
     assert pool("bfloat16", gguf=False) == torch.bfloat16
     assert pool("float8_e5m2") == torch.float8_e5m2
+    assert pool("float32") == torch.float32
 
 
 class TestQuantizedEngineOverlap(TestQuantizedEngine):
