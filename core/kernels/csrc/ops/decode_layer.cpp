@@ -11,8 +11,8 @@
 //                              (for a backend whose decode is that kernel)
 // with the few-row linear, the elementwise kernels and the paged-decode attention, so the
 // results are those of the op-by-op path bit for bit (the Python side's references;
-// tests/kernels/test_decode_layer.py). `DecodeStack` holds a model's layers so that a decode
-// step runs all of them in one call.
+// tests/kernels/test_decode_layer.py). `DecodeStack` (ops/decode_stack.cpp) holds a model's
+// layers so that a decode step runs all of them in one call.
 //
 // A projection's weight is dense (one [outputs, inputs] tensor of the layer's dtype, no
 // formats) or GGML blocks (one uint8 tensor per run of rows of one format, stacked along the
@@ -25,21 +25,23 @@
 // float32 (ops/linear.cpp). The Python side (plugserve.kernels.decode_layer.DecodeStack) says
 // which rows take which kernel and hands the packs from the kernels' own caches.
 #include <ATen/ops/cat.h>
-#include <torch/custom_class.h>
 
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common.h"
+#include "decode_layer.h"
 
 namespace plugserve::ops {
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
-using Tensors = std::vector<at::Tensor>;
-using Strings = std::vector<std::string>;
+using decode::LayerPacks;
+using decode::OptTensor;
+using decode::outputs_of;
+using decode::Scratch;
+using decode::Strings;
+using decode::Tensors;
 
 void check_rows(const at::Tensor& x, const char* what) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, what,
@@ -59,37 +61,6 @@ void check_norm(const at::Tensor& x, const at::Tensor& w, const char* what) {
   TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(1) && w.scalar_type() == x.scalar_type(),
               what, ": the norm weight must be [", x.size(1), "] of ", x.scalar_type());
 }
-
-// A layer's batch packs, one per projection (all undefined: the few-row kernels).
-struct LayerPacks {
-  at::Tensor qkv, o, gate_up, down;
-};
-
-// Buffers one stack call reuses layer after layer for its few rows, so that a layer's
-// intermediate results cost no allocation each (a decode step is ~10 of them per layer).
-// Sized from the first layer; a layer of another shape gets new tensors (`fit`). A layer
-// reads the hidden rows the previous one wrote, so the hidden rows alternate between two.
-struct Scratch {
-  at::Tensor normed, qkv, attn, o, mlp_in, gate_up, act, mlp;
-  at::Tensor hidden[2];
-  int next_hidden = 0;
-
-  Scratch(const at::Tensor& x, int64_t qkv_outputs, int64_t heads, int64_t head_dim,
-          int64_t gate_up_outputs) {
-    const int64_t rows = x.size(0), width = x.size(1);
-    const auto opts = x.options();
-    normed = at::empty({rows, width}, opts);
-    qkv = at::empty({rows, qkv_outputs}, opts);
-    attn = at::empty({rows, heads, head_dim}, opts);
-    o = at::empty({rows, width}, opts);
-    mlp_in = at::empty({rows, width}, opts);
-    gate_up = at::empty({rows, gate_up_outputs}, opts);
-    act = at::empty({rows, gate_up_outputs / 2}, opts);
-    mlp = at::empty({rows, width}, opts);
-    hidden[0] = at::empty({rows, width}, opts);
-    hidden[1] = at::empty({rows, width}, opts);
-  }
-};
 
 // `buffer` where it has exactly `sizes` (and there is a scratch at all), else undefined (the
 // op then allocates).
@@ -162,12 +133,6 @@ void add_in_place(at::Tensor& hidden, const at::Tensor& mlp) {
   for (int64_t i = 0; i < n; ++i) {
     h[i] = at::BFloat16(static_cast<float>(h[i]) + static_cast<float>(m[i]));
   }
-}
-
-int64_t outputs_of(const Tensors& w) {
-  int64_t outputs = 0;
-  for (const auto& part : w) outputs += part.size(0);
-  return outputs;
 }
 
 at::Tensor attention_input_packed(at::Tensor hidden, at::Tensor norm_w, double eps,
@@ -269,6 +234,16 @@ at::Tensor attention_output_and_mlp(at::Tensor attn, Tensors o_w, Strings o_form
       LayerPacks{});
 }
 
+}  // namespace
+
+namespace decode {
+
+int64_t outputs_of(const Tensors& w) {
+  int64_t outputs = 0;
+  for (const auto& part : w) outputs += part.size(0);
+  return outputs;
+}
+
 // The whole layer for one decode step whose attention is the paged-decode kernel (a
 // backend's `PagedDecodePlan`): attention_input, the new k and v rows stored at store_slots
 // of the cache buffers (in the cache's dtype), paged_decode over slots[i,
@@ -283,8 +258,7 @@ at::Tensor decode_step_packed(
     const Strings& o_formats, const OptTensor& o_b, const at::Tensor& post_norm_w,
     double post_eps, const Tensors& gate_up_w, const Strings& gate_up_formats,
     const OptTensor& gate_up_b, const Tensors& down_w, const Strings& down_formats,
-    const OptTensor& down_b, bool int8_activations, const LayerPacks& packs,
-    Scratch* s = nullptr) {
+    const OptTensor& down_b, bool int8_activations, const LayerPacks& packs, Scratch* s) {
   const int64_t rows = hidden.size(0);
   for (const auto* buffer : {&k_buffer, &v_buffer}) {
     const auto dtype = buffer->scalar_type();
@@ -319,6 +293,10 @@ at::Tensor decode_step_packed(
                                          down_b, int8_activations, packs, s);
 }
 
+}  // namespace decode
+
+namespace {
+
 at::Tensor decode_step(at::Tensor hidden, at::Tensor input_norm_w, double input_eps,
                        Tensors qkv_w, Strings qkv_formats, OptTensor qkv_b, at::Tensor cos,
                        at::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim,
@@ -333,169 +311,13 @@ at::Tensor decode_step(at::Tensor hidden, at::Tensor input_norm_w, double input_
                             std::move(v_buffer), std::move(store_slots), slots, first_key,
                             kv_lens, scale, o_w, o_formats, o_b, post_norm_w, post_eps,
                             gate_up_w, gate_up_formats, gate_up_b, down_w, down_formats,
-                            down_b, int8_activations, LayerPacks{});
+                            down_b, int8_activations, LayerPacks{}, nullptr);
 }
-
-// A model's decoder layers for `decode_step`, held once so that a decode step runs all of
-// them in one call: the weights (tensors that share the parameters' storage, so in-place
-// weight loads are seen; a projection's parts and formats as `linear` takes them) and each
-// layer's shape. A layer's attention operands change every step and come with `run`, one
-// entry per layer, as the backend's plans give them. The dense projections' batch packs
-// (set_packs) are those the Python side holds in the kernels' caches, set again whenever a
-// weight's version or the ISA in use moves; `run` uses them where it is told to (batch rows).
-struct DecodeStack : torch::CustomClassHolder {
-  using Layers = std::vector<Tensors>;
-  using LayerFormats = std::vector<Strings>;
-  std::vector<at::Tensor> input_norm_w, post_norm_w;
-  Layers qkv_w, o_w, gate_up_w, down_w;
-  LayerFormats qkv_f, o_f, gate_up_f, down_f;
-  std::vector<OptTensor> qkv_b, o_b, gate_up_b, down_b;
-  std::vector<double> input_eps, post_eps;
-  std::vector<int64_t> heads, kv_heads, head_dim, int8_activations;
-  std::vector<LayerPacks> packs;  // none, or one per layer
-  Tensors kv_k, kv_v;  // set_kv: every layer's cache buffers, for run_shared
-  std::vector<double> kv_scales;
-
-  DecodeStack(Tensors input_norm_w_, std::vector<double> input_eps_, Layers qkv_w_,
-              LayerFormats qkv_f_, std::vector<OptTensor> qkv_b_, std::vector<int64_t> heads_,
-              std::vector<int64_t> kv_heads_, std::vector<int64_t> head_dim_, Layers o_w_,
-              LayerFormats o_f_, std::vector<OptTensor> o_b_, Tensors post_norm_w_,
-              std::vector<double> post_eps_, Layers gate_up_w_, LayerFormats gate_up_f_,
-              std::vector<OptTensor> gate_up_b_, Layers down_w_, LayerFormats down_f_,
-              std::vector<OptTensor> down_b_, std::vector<int64_t> int8_activations_)
-      : input_norm_w(std::move(input_norm_w_)), post_norm_w(std::move(post_norm_w_)),
-        qkv_w(std::move(qkv_w_)), o_w(std::move(o_w_)), gate_up_w(std::move(gate_up_w_)),
-        down_w(std::move(down_w_)), qkv_f(std::move(qkv_f_)), o_f(std::move(o_f_)),
-        gate_up_f(std::move(gate_up_f_)), down_f(std::move(down_f_)),
-        qkv_b(std::move(qkv_b_)), o_b(std::move(o_b_)), gate_up_b(std::move(gate_up_b_)),
-        down_b(std::move(down_b_)), input_eps(std::move(input_eps_)),
-        post_eps(std::move(post_eps_)), heads(std::move(heads_)),
-        kv_heads(std::move(kv_heads_)), head_dim(std::move(head_dim_)),
-        int8_activations(std::move(int8_activations_)) {
-    const size_t n = input_norm_w.size();
-    for (const size_t size :
-         {input_eps.size(), qkv_w.size(), qkv_f.size(), qkv_b.size(), heads.size(),
-          kv_heads.size(), head_dim.size(), o_w.size(), o_f.size(), o_b.size(),
-          post_norm_w.size(), post_eps.size(), gate_up_w.size(), gate_up_f.size(),
-          gate_up_b.size(), down_w.size(), down_f.size(), down_b.size(),
-          int8_activations.size()}) {
-      TORCH_CHECK(size == n, "DecodeStack: every field needs one entry per layer (", n,
-                  " layers), one has ", size);
-    }
-  }
-
-  int64_t layers() const { return static_cast<int64_t>(input_norm_w.size()); }
-
-  // The buffers a call over few rows reuses from layer to layer (none for batch rows, whose
-  // linears allocate their own), shaped after the first layer.
-  std::unique_ptr<Scratch> few_rows_scratch(const at::Tensor& hidden, bool batch) const {
-    if (batch || input_norm_w.empty() || hidden.dim() != 2) return nullptr;
-    return std::make_unique<Scratch>(hidden, outputs_of(qkv_w[0]), heads[0], head_dim[0],
-                                     outputs_of(gate_up_w[0]));
-  }
-
-  // Every layer's batch packs (one tensor per layer and projection), or none (empty lists).
-  void set_packs(Tensors qkv, Tensors o, Tensors gate_up, Tensors down) {
-    const size_t n = input_norm_w.size(), given = qkv.size();
-    TORCH_CHECK((given == n || given == 0) && o.size() == given &&
-                    gate_up.size() == given && down.size() == given,
-                "DecodeStack.set_packs: one pack per layer and projection is needed (", n,
-                " layers), got ", qkv.size(), ", ", o.size(), ", ", gate_up.size(), ", ",
-                down.size());
-    for (size_t i = 0; i < given; ++i) {
-      TORCH_CHECK(qkv_f[i].empty() && o_f[i].empty() && gate_up_f[i].empty() &&
-                      down_f[i].empty(),
-                  "DecodeStack.set_packs: layer ", i, " has quantized projections; batch "
-                  "packs are for dense weights");
-    }
-    packs.clear();
-    for (size_t i = 0; i < given; ++i) {
-      packs.push_back(LayerPacks{std::move(qkv[i]), std::move(o[i]), std::move(gate_up[i]),
-                                 std::move(down[i])});
-    }
-  }
-
-  // Every layer's KV cache buffers and softmax scale, which `run_shared` reads (they stay
-  // the same from step to step: set once instead of passed with every call).
-  void set_kv(Tensors k_buffers, Tensors v_buffers, std::vector<double> scales) {
-    const size_t n = input_norm_w.size();
-    TORCH_CHECK(k_buffers.size() == n && v_buffers.size() == n && scales.size() == n,
-                "DecodeStack.set_kv: one k buffer, v buffer and scale per layer is needed (",
-                n, " layers), got ", k_buffers.size(), ", ", v_buffers.size(), ", ",
-                scales.size());
-    kv_k = std::move(k_buffers);
-    kv_v = std::move(v_buffers);
-    kv_scales = std::move(scales);
-  }
-
-  // `run` where every layer stores at and reads the same slots (a model without windowed
-  // layers): layer i's attention is kv_k[i], kv_v[i] and kv_scales[i] (set_kv) with
-  // store_slots, slots, first_key and kv_lens. The same results as `run` with those plans.
-  at::Tensor run_shared(at::Tensor hidden, at::Tensor cos, at::Tensor sin,
-                        at::Tensor store_slots, at::Tensor slots, at::Tensor first_key,
-                        at::Tensor kv_lens, bool batch) const {
-    const size_t n = input_norm_w.size();
-    TORCH_CHECK(kv_k.size() == n, "DecodeStack.run_shared: the KV buffers of the ", n,
-                " layers are needed first (set_kv), the stack holds ", kv_k.size());
-    TORCH_CHECK(!batch || packs.size() == n, "DecodeStack.run_shared: batch rows need every "
-                "layer's batch packs (set_packs), the stack holds ", packs.size(), " for ", n,
-                " layers");
-    const LayerPacks none;
-    auto scratch = few_rows_scratch(hidden, batch);
-    for (size_t i = 0; i < n; ++i) {
-      hidden = decode_step_packed(
-          hidden, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i], cos, sin,
-          heads[i], kv_heads[i], head_dim[i], kv_k[i], kv_v[i], store_slots, slots, first_key,
-          kv_lens, kv_scales[i], o_w[i], o_f[i], o_b[i], post_norm_w[i], post_eps[i],
-          gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i], down_f[i], down_b[i],
-          int8_activations[i] != 0, batch ? packs[i] : none, scratch.get());
-    }
-    return hidden;
-  }
-
-  // hidden through every layer's decode_step; cos / sin are every layer's rope angles, and
-  // layer i's attention is k_buffers[i], v_buffers[i], store_slots[i], slots[i],
-  // first_key[i], kv_lens[i] and scales[i] (its PagedDecodePlan).
-  at::Tensor run(at::Tensor hidden, at::Tensor cos, at::Tensor sin,
-                 std::vector<at::Tensor> k_buffers, std::vector<at::Tensor> v_buffers,
-                 std::vector<at::Tensor> store_slots, std::vector<at::Tensor> slots,
-                 std::vector<at::Tensor> first_key, std::vector<at::Tensor> kv_lens,
-                 std::vector<double> scales, bool batch) const {
-    const size_t n = input_norm_w.size();
-    for (const size_t size : {k_buffers.size(), v_buffers.size(), store_slots.size(),
-                              slots.size(), first_key.size(), kv_lens.size(), scales.size()}) {
-      TORCH_CHECK(size == n, "DecodeStack.run: one plan per layer is needed (", n,
-                  " layers), got ", size);
-    }
-    TORCH_CHECK(!batch || packs.size() == n, "DecodeStack.run: batch rows need every layer's "
-                "batch packs (set_packs), the stack holds ", packs.size(), " for ", n, " layers");
-    const LayerPacks none;
-    auto scratch = few_rows_scratch(hidden, batch);
-    for (size_t i = 0; i < n; ++i) {
-      hidden = decode_step_packed(
-          hidden, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i], cos, sin,
-          heads[i], kv_heads[i], head_dim[i], k_buffers[i], v_buffers[i], store_slots[i],
-          slots[i], first_key[i], kv_lens[i], scales[i], o_w[i], o_f[i], o_b[i],
-          post_norm_w[i], post_eps[i], gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i],
-          down_f[i], down_b[i], int8_activations[i] != 0, batch ? packs[i] : none,
-          scratch.get());
-    }
-    return hidden;
-  }
-};
 
 }  // namespace
 }  // namespace plugserve::ops
 
 TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
-  using plugserve::ops::DecodeStack;
-  using plugserve::ops::OptTensor;
-  using Tensors = std::vector<at::Tensor>;
-  using OptTensors = std::vector<OptTensor>;
-  using Ints = std::vector<int64_t>;
-  using Doubles = std::vector<double>;
-  using Layers = DecodeStack::Layers;
-  using LayerFormats = DecodeStack::LayerFormats;
   m.def("attention_input(Tensor hidden, Tensor norm_w, float eps, Tensor[] qkv_w, "
         "str[] qkv_formats, Tensor? qkv_b, Tensor cos, Tensor sin, int rotated_heads, "
         "int head_dim, bool int8_activations) -> Tensor",
@@ -513,13 +335,4 @@ TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
         "str[] gate_up_formats, Tensor? gate_up_b, Tensor[] down_w, str[] down_formats, "
         "Tensor? down_b, bool int8_activations) -> Tensor",
         &plugserve::ops::decode_step);
-  m.class_<DecodeStack>("DecodeStack")
-      .def(torch::init<Tensors, Doubles, Layers, LayerFormats, OptTensors, Ints, Ints, Ints,
-                       Layers, LayerFormats, OptTensors, Tensors, Doubles, Layers,
-                       LayerFormats, OptTensors, Layers, LayerFormats, OptTensors, Ints>())
-      .def("layers", &DecodeStack::layers)
-      .def("set_packs", &DecodeStack::set_packs)
-      .def("set_kv", &DecodeStack::set_kv)
-      .def("run_shared", &DecodeStack::run_shared)
-      .def("run", &DecodeStack::run);
 }
