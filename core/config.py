@@ -70,10 +70,9 @@ class EngineConfig(BaseSettings):
     context_len: int | None = Field(default=None, ge=2, description="max tokens per request")
     kv_cache_dtype: KVCacheDType = Field(
         default="auto",
-        description="what the KV pools store: auto (the model's dtype; bfloat16 for a GGUF's "
-        "quantized weights run with int8 activations in float32, as llama.cpp's f16 cache), "
-        "float32 (a model run in float32 only, unless the backend reads it), bfloat16, "
-        "float8_e4m3 or float8_e5m2 (widened to the model's dtype as attention reads it)",
+        description="what the KV pools store: auto (the model's dtype), float32 (a model run "
+        "in float32 only, unless the backend reads it), bfloat16, float8_e4m3 or float8_e5m2 "
+        "(widened to the model's dtype as attention reads it)",
     )
     # Hybrid sliding-window models (plugserve.pools.swa_pool): windowed layers' KV in its own pool.
     swa_pools: bool = Field(

@@ -21,7 +21,7 @@ from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
-from plugserve.model.weight_bytes import holds_quantized, pack_bytes, weight_bytes
+from plugserve.model.weight_bytes import pack_bytes, weight_bytes
 from plugserve.outputs import GenerateResult, StreamEvent, generate_result, group_result
 from plugserve.parallel.cross_check import TP_RANK1_SKIPS_FREE, CrossRankCheck, skip_one_free
 from plugserve.parallel.leader import LeaderScheduler
@@ -166,8 +166,6 @@ class Engine:
                 context_len=self.context_len, attention_caps=attention.capabilities,
                 cache_entry=registries.cache.get(cfg.cache), footprint=footprint,
                 weight_bytes=self.weight_bytes,
-                quantized_gguf=loaded.source.suffix.lower() == ".gguf"
-                and holds_quantized(self.model),
             )
         except KVSizeError as exc:
             _refuse(exc.reasons)

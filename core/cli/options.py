@@ -41,9 +41,8 @@ DtypeOpt = Annotated[str | None, typer.Option(help="float32, bfloat16 or float16
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu or cuda[:N].")]
 KVCacheDtypeOpt = Annotated[
     str | None,
-    typer.Option(help="What the KV cache stores: auto (the model's dtype; bfloat16 for a "
-                 "GGUF's quantized weights with int8 activations in float32), float32, "
-                 "bfloat16, float8_e4m3 or float8_e5m2."),
+    typer.Option(help="What the KV cache stores: auto (the model's dtype), float32, bfloat16, "
+                 "float8_e4m3 or float8_e5m2."),
 ]
 QuantizationOpt = Annotated[
     str | None,

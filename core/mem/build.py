@@ -17,11 +17,10 @@ import torch
 
 from plugserve.attention.capabilities import BackendCapabilities
 from plugserve.config import EngineConfig
-from plugserve.mem.kv_dtype import kv_pool_dtype
 from plugserve.mem.manager import KVManager
 from plugserve.model.arch import ModelArchConfig
 from plugserve.pools.allocator import PagedAllocator, ceil_align
-from plugserve.pools.kv_pool import KVPool
+from plugserve.pools.kv_pool import KVPool, kv_cache_torch_dtype
 from plugserve.pools.req_to_token import ReqToTokenPool
 from plugserve.pools.swa_pool import HybridAllocator, HybridKVPool, swa_pool_pages
 from plugserve.structs.spec_footprint import SpecFootprint
@@ -70,7 +69,7 @@ class KVMemory:
 def build_kv_memory(
     cfg: EngineConfig, arch: ModelArchConfig, *, dtype: torch.dtype, device: torch.device,
     context_len: int, attention_caps: BackendCapabilities, cache_entry: Any,
-    footprint: SpecFootprint | None, weight_bytes: int = 0, quantized_gguf: bool = False,
+    footprint: SpecFootprint | None, weight_bytes: int = 0,
 ) -> KVMemory:
     page = cfg.page_size
     # Windowed layers get their own pool when the backend translates their slots.
@@ -79,9 +78,7 @@ def build_kv_memory(
         if cfg.swa_pools and attention_caps.swa_slot_translation else []
     )
     # The pools store the KV cache dtype: a narrower one fits more tokens in the same bytes.
-    kv_dtype = kv_pool_dtype(
-        cfg.kv_cache_dtype, dtype, quantized_gguf=quantized_gguf,
-        quant_activations=cfg.quant_activations, backend_kv_dtypes=attention_caps.kv_cache_dtypes)
+    kv_dtype = kv_cache_torch_dtype(cfg.kv_cache_dtype, dtype)
     layer_bytes = (2 * arch.num_key_value_heads * arch.head_dim
                    * torch.finfo(kv_dtype).bits // 8)
     bytes_per_token = layer_bytes * max(

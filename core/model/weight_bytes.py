@@ -1,7 +1,6 @@
 """Resident bytes of a model's weights: dense parameters at their size, quantized ones as
-their blocks (a parameter shared by two layers, e.g. tied embeddings, counted once), apart
-from them the copies the CPU kernels lay out for themselves (`pack_bytes`), and whether any
-weight is held quantized (`holds_quantized`)."""
+their blocks (a parameter shared by two layers, e.g. tied embeddings, counted once), and
+apart from them the copies the CPU kernels lay out for themselves (`pack_bytes`)."""
 
 from __future__ import annotations
 
@@ -32,8 +31,3 @@ def pack_bytes(model: nn.Module) -> int:
     library's packs of the many-row linears, the decode batch kernels' packs): made on first
     use, or at a server's start (`plugserve.model.batch_packs`); 0 on a GPU."""
     return sum(derived_bytes(param) for param in model.parameters())
-
-
-def holds_quantized(model: nn.Module) -> bool:
-    """True when any weight of `model` is held as quantized blocks."""
-    return any(isinstance(m, WeightHolder) and m.quant is not None for m in model.modules())

@@ -17,7 +17,7 @@ from plugserve.pools.slot_runs import run_start, store_rows
 
 # `EngineConfig.kv_cache_dtype` names (vLLM / SGLang's) -> what the pools store.
 KV_CACHE_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,  # the model's own dtype where it runs float32 (GGUF: see mem/kv_dtype)
+    "float32": torch.float32,  # the model's own dtype where it runs float32
     "bfloat16": torch.bfloat16,
     "float8_e4m3": torch.float8_e4m3fn,
     "float8_e5m2": torch.float8_e5m2,

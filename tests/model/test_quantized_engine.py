@@ -26,7 +26,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from plugserve.kernels import decode_layer
-from plugserve.mem.kv_dtype import kv_pool_dtype
 from plugserve.model.quant_on_load import is_layer_matrix
 from plugserve.quant.quantize import quantize
 from plugserve.quant.reference import dequantize
@@ -154,14 +153,14 @@ class TestQuantizedEngine(EngineTest):
 
 
     @pytest.mark.parametrize(("config", "expected"), [
-        ({}, torch.bfloat16),
+        ({}, torch.float32),  # the compute dtype (a bf16 cache moved llama.cpp's tokens)
         ({"quant_activations": "float"}, torch.float32),
-        ({"quantization": "none"}, torch.float32),
+        ({"kv_cache_dtype": "bfloat16"}, torch.bfloat16),
         ({"kv_cache_dtype": "float8_e4m3"}, torch.float8_e4m3fn),
-        ({"kv_cache_dtype": "float32"}, torch.float32),  # the way back to a float32 cache
+        ({"kv_cache_dtype": "float32"}, torch.float32),
         ({"dtype": "bfloat16"}, torch.bfloat16),
     ])
-    def test_auto_kv_cache_dtype_of_a_quantized_gguf(
+    def test_kv_cache_dtype_of_a_quantized_gguf(
         self, tmp_path: Path, config: dict[str, str], expected: torch.dtype
     ) -> None:
         hf = tiny_hf_model("llama", tmp_path / "hf", seed=8)
@@ -177,23 +176,6 @@ class TestQuantizedEngine(EngineTest):
         tiny_hf_model("llama", folder, seed=5, **WIDE)
         with self.engine(model=str(folder), quantization="q8_0") as engine:
             assert engine.kv_pool.dtype == torch.float32
-
-
-def test_auto_kv_cache_dtype_rule() -> None:
-    def pool(name: str = "auto", dtype: torch.dtype = torch.float32, gguf: bool = True,
-             activations: str = "int8", backend: frozenset[str] = frozenset({"auto", "bfloat16"}),
-             ) -> torch.dtype:
-        return kv_pool_dtype(name, dtype, quantized_gguf=gguf, quant_activations=activations,
-                             backend_kv_dtypes=backend)
-
-    assert pool() == torch.bfloat16
-    assert pool(activations="float") == torch.float32
-    assert pool(gguf=False) == torch.float32
-    assert pool(backend=frozenset({"auto"})) == torch.float32  # the backend reads auto only
-    assert pool(dtype=torch.float16) == torch.float16
-    assert pool("bfloat16", gguf=False) == torch.bfloat16
-    assert pool("float8_e5m2") == torch.float8_e5m2
-    assert pool("float32") == torch.float32
 
 
 class TestQuantizedEngineOverlap(TestQuantizedEngine):
