@@ -53,7 +53,8 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
     model_id = served_model_id(model_path, settings.served_model_name)
     metrics = ServerMetrics(model_id)
     metrics.weight_bytes.set(engine.weight_bytes)
-    metrics.weight_pack_bytes.set(engine.pack_bytes())
+    pack_bytes = engine.pack_bytes()  # asked here: from the lifespan on the engine is busy
+    metrics.weight_pack_bytes.set(pack_bytes)
     loop = _serving_loop(engine, settings, metrics)
     state = ServerState(loop, settings, model_id, aliases=(model_path,) if model_path else ())
     shutdown = GracefulShutdown(state, settings.shutdown_timeout_s)
@@ -69,7 +70,7 @@ def create_app(engine: Any, settings: ServerSettings | None = None) -> FastAPI:
         metrics.set_engine_up(True)
         log.info("serving %s (context %d tokens, weights %.1f MiB, their CPU-kernel packs "
                  "%.1f MiB)", model_id, loop.context_len, engine.weight_bytes / (1 << 20),
-                 engine.pack_bytes() / (1 << 20))
+                 pack_bytes / (1 << 20))
         try:
             yield
         finally:
