@@ -36,13 +36,6 @@
 namespace plugserve::ops {
 namespace {
 
-using decode::LayerPacks;
-using decode::OptTensor;
-using decode::outputs_of;
-using decode::Scratch;
-using decode::Strings;
-using decode::Tensors;
-
 void check_rows(const at::Tensor& x, const char* what) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, what,
               ": a CPU tensor [rows, features] is needed, got ", x.sizes());

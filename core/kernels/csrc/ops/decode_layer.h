@@ -66,3 +66,13 @@ at::Tensor decode_step_packed(
     const OptTensor& down_b, bool int8_activations, const LayerPacks& packs, Scratch* s);
 
 }  // namespace plugserve::ops::decode
+
+// The names both files use (only they include this header).
+namespace plugserve::ops {
+using decode::LayerPacks;
+using decode::OptTensor;
+using decode::outputs_of;
+using decode::Scratch;
+using decode::Strings;
+using decode::Tensors;
+}  // namespace plugserve::ops

@@ -13,12 +13,6 @@ namespace plugserve::ops {
 namespace {
 
 using decode::decode_step_packed;
-using decode::LayerPacks;
-using decode::OptTensor;
-using decode::outputs_of;
-using decode::Scratch;
-using decode::Strings;
-using decode::Tensors;
 
 // A model's decoder layers for `decode_step`, held once so that a decode step runs all of
 // them in one call: the weights (tensors that share the parameters' storage, so in-place
