@@ -62,6 +62,20 @@ def _layer(shape: tuple[int, ...], bias: bool, dtype: torch.dtype, seed: int) ->
     return {k: None if v is None else v.to(dtype) for k, v in params.items()}
 
 
+def _stack(shapes: list[tuple[int, ...]], dtype: torch.dtype, post_eps: float) -> dl.DecodeStack:
+    """A stack of one layer per shape (seeded 0, 1, ...; layer 1 with biases)."""
+    layers = []
+    for seed, shape in enumerate(shapes):
+        _, heads, kv_heads, head_dim, _ = shape
+        p = _layer(shape, seed == 1, dtype, seed)
+        layers.append(dl.LayerWeights(
+            p["input_norm"], EPS, p["qkv_w"], p["qkv_b"], heads, kv_heads, head_dim, p["o_w"],
+            p["o_b"], p["post_norm"], post_eps, p["gate_up_w"], p["gate_up_b"], p["down_w"],
+            p["down_b"],
+        ))
+    return dl.DecodeStack(layers)
+
+
 def _rows(shape: tuple[int, ...], rows: int, dtype: torch.dtype, seed: int) -> dict[str, Any]:
     hidden, heads, _, head_dim, _ = shape
     gen = torch.Generator().manual_seed(seed + 1)
@@ -314,25 +328,10 @@ def test_stack_equals_the_layers_one_by_one_and_refuses_missing_plans() -> None:
     """`DecodeStack.run` is each layer's `decode_step` in turn, bit for bit (its reference
     path, over copies of the caches); a plan list of the wrong length is refused."""
     shape, dtype = SHAPES[1], _dtypes()[-1]
-    _, heads, kv_heads, head_dim, _ = shape
-    layers = []
-    for seed in range(3):
-        p = _layer(shape, seed == 1, dtype, seed)
-        layers.append(dl.LayerWeights(
-            p["input_norm"], EPS, p["qkv_w"], p["qkv_b"], heads, kv_heads, head_dim, p["o_w"],
-            p["o_b"], p["post_norm"], EPS * 2, p["gate_up_w"], p["gate_up_b"], p["down_w"],
-            p["down_b"],
-        ))
-    stack = dl.DecodeStack(layers)
+    stack = _stack([shape] * 3, dtype, post_eps=EPS * 2)
     r = _rows(shape, 2, dtype, seed=3)
     plans = [_plan(shape, 2, dtype, window=i == 2) for i in range(3)]
-    ref_plans = [_copy(plan) for plan in plans]
-    out = stack.run(r["hidden"], r["cos"], r["sin"], plans)
-    ref = stack.run_reference(r["hidden"], r["cos"], r["sin"], ref_plans)
-    assert torch.equal(out, ref)
-    for plan, ref_plan in zip(plans, ref_plans, strict=True):
-        assert torch.equal(plan.k_buffer, ref_plan.k_buffer)
-        assert torch.equal(plan.v_buffer, ref_plan.v_buffer)
+    _assert_run_equals_reference(stack, r, plans)
     with pytest.raises(RuntimeError, match=r"one plan per layer is needed \(3 layers\), got 2"):
         stack.run(r["hidden"], r["cos"], r["sin"], plans[:2])
 
@@ -346,16 +345,7 @@ def test_stack_with_shared_slots_holds_the_buffers_and_equals_the_layers(
     moves), bit for bit the layers one by one; the compiled call refuses to run before the
     buffers are set."""
     shape, dtype = SHAPES[1], _dtypes()[-1]
-    _, heads, kv_heads, head_dim, _ = shape
-    layers = []
-    for seed in range(3):
-        p = _layer(shape, seed == 1, dtype, seed)
-        layers.append(dl.LayerWeights(
-            p["input_norm"], EPS, p["qkv_w"], p["qkv_b"], heads, kv_heads, head_dim, p["o_w"],
-            p["o_b"], p["post_norm"], EPS * 2, p["gate_up_w"], p["gate_up_b"], p["down_w"],
-            p["down_b"],
-        ))
-    stack = dl.DecodeStack(layers)
+    stack = _stack([shape] * 3, dtype, post_eps=EPS * 2)
     with pytest.raises(RuntimeError, match=r"KV buffers of the 3 layers are needed first"):
         plan, r = _plan(shape, 2, dtype, window), _rows(shape, 2, dtype, seed=3)
         stack._stack.run_shared(r["hidden"], r["cos"], r["sin"], plan.store_slots, plan.slots,
@@ -373,14 +363,7 @@ def test_stack_with_shared_slots_holds_the_buffers_and_equals_the_layers(
 
     first = layer_plans(0)
     for step, plans in enumerate([first, first, layer_plans(1)]):
-        r = _rows(shape, 2, dtype, seed=3 + step)
-        ref_plans = [_copy(plan) for plan in plans]
-        out = stack.run(r["hidden"], r["cos"], r["sin"], plans)
-        ref = stack.run_reference(r["hidden"], r["cos"], r["sin"], ref_plans)
-        assert torch.equal(out, ref)
-        for plan, ref_plan in zip(plans, ref_plans, strict=True):
-            assert torch.equal(plan.k_buffer, ref_plan.k_buffer)
-            assert torch.equal(plan.v_buffer, ref_plan.v_buffer)
+        _assert_run_equals_reference(stack, _rows(shape, 2, dtype, seed=3 + step), plans)
     assert handed == ["set_kv", "run_shared", "run_shared", "set_kv", "run_shared"]
 
 
@@ -390,15 +373,7 @@ def test_stack_of_layers_of_different_shapes_equals_the_layers(rows: int) -> Non
     width (heads, MLP) gets its own, with the same bits as the layers one by one."""
     shapes = [(40, 4, 2, 10, 56), (40, 2, 1, 10, 24), (40, 4, 2, 10, 56), (40, 6, 3, 10, 56)]
     dtype = _dtypes()[-1]
-    layers = []
-    for seed, (_, heads, kv_heads, head_dim, _) in enumerate(shapes):
-        p = _layer(shapes[seed], seed == 1, dtype, seed)
-        layers.append(dl.LayerWeights(
-            p["input_norm"], EPS, p["qkv_w"], p["qkv_b"], heads, kv_heads, head_dim, p["o_w"],
-            p["o_b"], p["post_norm"], EPS, p["gate_up_w"], p["gate_up_b"], p["down_w"],
-            p["down_b"],
-        ))
-    stack = dl.DecodeStack(layers)
+    stack = _stack(shapes, dtype, post_eps=EPS)
     r = _rows(shapes[0], rows, dtype, seed=4)
     plans = [_plan(shape, rows, dtype, window=False) for shape in shapes]
     ref_plans = [_copy(plan) for plan in plans]
@@ -406,6 +381,19 @@ def test_stack_of_layers_of_different_shapes_equals_the_layers(rows: int) -> Non
     assert torch.equal(out, stack.run_reference(r["hidden"], r["cos"], r["sin"], ref_plans))
     again = stack.run(r["hidden"], r["cos"], r["sin"], [_copy(plan) for plan in ref_plans])
     assert torch.equal(again, out) and again.data_ptr() != out.data_ptr()  # a new result
+
+
+def _assert_run_equals_reference(
+    stack: dl.DecodeStack, r: dict[str, Any], plans: list[PagedDecodePlan]
+) -> None:
+    """`stack.run` over `plans` gives the bits of its layer-by-layer reference over copies of
+    the plans, the caches it wrote included."""
+    ref_plans = [_copy(plan) for plan in plans]
+    out = stack.run(r["hidden"], r["cos"], r["sin"], plans)
+    assert torch.equal(out, stack.run_reference(r["hidden"], r["cos"], r["sin"], ref_plans))
+    for plan, ref_plan in zip(plans, ref_plans, strict=True):
+        assert torch.equal(plan.k_buffer, ref_plan.k_buffer)
+        assert torch.equal(plan.v_buffer, ref_plan.v_buffer)
 
 
 class _Recording:
