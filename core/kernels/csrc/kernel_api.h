@@ -119,6 +119,31 @@ inline int64_t first_visible_key(int64_t pos, int64_t window, int64_t floor) {
   return window > 0 && pos - window + 1 > floor ? pos - window + 1 : floor;
 }
 
+// Where one prefill call's queries and keys lie, as both prefill kernels read it; each adds
+// how it pads the packed keys and cuts the queries into tasks.
+struct PrefillShape {
+  int64_t tokens;    // E: query tokens
+  int64_t heads;     // H
+  int64_t q_token_stride, q_head_stride;  // elements between q's tokens / heads
+  int64_t kv_heads;  // KVH
+  int64_t group;     // H / KVH
+  int64_t dim;       // D
+  int64_t prefix;    // position of the first query token
+  int64_t window;    // 0: none; else a key is visible when its position > query's - window
+  // With a window no query sees a key before position prefix - window + 1: those are not
+  // packed (a long cached prefix costs nothing then).
+  int64_t key_lo;    // first key position any query sees: the packed keys start here
+  int64_t keys;      // packed keys: prefix + E - key_lo
+  float scale;
+
+  explicit PrefillShape(const PrefillArgs& a)
+      : tokens(a.tokens), heads(a.heads), q_token_stride(a.q_token_stride),
+        q_head_stride(a.q_head_stride), kv_heads(a.kv_heads), group(a.heads / a.kv_heads),
+        dim(a.dim), prefix(a.prefix), window(a.window),
+        key_lo(first_visible_key(a.prefix, a.window, 0)), keys(a.prefix + a.tokens - key_lo),
+        scale(a.scale) {}
+};
+
 // RMSNorm of each row of x (and, for add_rms_norm, of residual + x, stored to new_residual).
 struct NormArgs {
   const void* x;

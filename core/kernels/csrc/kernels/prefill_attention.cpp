@@ -57,21 +57,11 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 static_assert(kBlockKeys % kPanel == 0 && kBlockKeys % 16 == 0, "key blocks of whole panels");
 
 // Where one call's keys and queries lie, and how they are cut into tasks.
-struct Problem {
-  int64_t tokens;        // E: query tokens
-  int64_t heads;         // H
-  int64_t q_token_stride, q_head_stride;  // elements between q's tokens / heads
-  int64_t kv_heads;      // KVH
-  int64_t group;         // H / KVH
-  int64_t dim;           // D
-  int64_t prefix;        // position of the first query token
-  int64_t window;        // 0: none; else a key is visible when its position > query's - window
-  int64_t key_lo;        // first key position any query sees: the packed buffers start here
-  int64_t keys;          // packed keys: S - key_lo
-  int64_t padded;        // keys rounded up to kPanel (the padding is zeros)
-  int64_t block_tokens;  // query tokens per task
-  int64_t blocks;        // query blocks per kv head
-  float scale;
+struct Problem : PrefillShape {
+  using PrefillShape::PrefillShape;
+  int64_t padded = 0;        // keys rounded up to kPanel (the padding is zeros)
+  int64_t block_tokens = 0;  // query tokens per task
+  int64_t blocks = 0;        // query blocks per kv head
 };
 
 // 64-byte aligned scratch (a float32 K panel row is one AVX-512 vector).
@@ -675,24 +665,10 @@ void run(const PrefillArgs& a, const Problem& p) {
 }  // namespace
 
 void prefill_attention(const PrefillArgs& a) {
-  Problem p{};
-  p.tokens = a.tokens;
-  p.heads = a.heads;
-  p.q_token_stride = a.q_token_stride;
-  p.q_head_stride = a.q_head_stride;
-  p.kv_heads = a.kv_heads;
-  p.group = p.heads / p.kv_heads;
-  p.dim = a.dim;
-  p.prefix = a.prefix;
-  p.window = a.window;
-  // With a window no query sees a key before position prefix - window + 1: those are not
-  // packed (a long cached prefix costs nothing then).
-  p.key_lo = first_visible_key(a.prefix, a.window, 0);
-  p.keys = a.prefix + a.tokens - p.key_lo;
+  Problem p(a);
   p.padded = (p.keys + kPanel - 1) / kPanel * kPanel;
   p.block_tokens = std::min(std::max<int64_t>(1, kTargetRows / p.group), p.tokens);
   p.blocks = (p.tokens + p.block_tokens - 1) / p.block_tokens;
-  p.scale = a.scale;
   PLUGSERVE_FLOAT_TYPES(a.dtype, "prefill_attention", run<T>(a, p));
 }
 

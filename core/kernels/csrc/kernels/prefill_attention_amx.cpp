@@ -54,13 +54,10 @@ constexpr int64_t kTileGroup = 64;  // keys per pass of the four C tiles over th
 constexpr int64_t kChunk = 32;      // bf16 values along the product's K per A tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct Shape {
-  int64_t tokens, heads, kv_heads, group, dim, prefix, window;
-  int64_t key_lo;  // first key position any query sees: the packs start there
-  int64_t keys;    // keys packed: S - key_lo
-  int64_t padded;  // keys in each pack: a whole block past the last 16-key tile (zeros)
-  int64_t blocks;  // query blocks per kv head
-  float scale;
+struct Shape : PrefillShape {
+  using PrefillShape::PrefillShape;
+  int64_t padded = 0;  // keys in each pack: a whole block past the last 16-key tile (zeros)
+  int64_t blocks = 0;  // query blocks per kv head
 };
 
 // K of kv head h, keys [first, first + 16) counted from key_lo, as D / 32 B tiles: tile c
@@ -342,20 +339,9 @@ void attend(const PrefillArgs& a, const Shape& s, const BF16* kpack, const BF16*
 
 bool prefill_attention_amx(const PrefillArgs& a) {
   if (!amx::amx_granted() || a.dtype != Dtype::bf16 || a.dim % kChunk != 0) return false;
-  Shape s{};
-  s.tokens = a.tokens;
-  s.heads = a.heads;
-  s.kv_heads = a.kv_heads;
-  s.group = a.heads / a.kv_heads;
-  s.dim = a.dim;
-  s.prefix = a.prefix;
-  s.window = a.window;
-  // With a window no query sees a key before position prefix - window + 1: not packed.
-  s.key_lo = first_visible_key(a.prefix, a.window, 0);
-  s.keys = a.prefix + a.tokens - s.key_lo;
+  Shape s(a);
   s.padded = (s.keys + kKeyTile - 1) / kKeyTile * kKeyTile + kTileGroup;
   s.blocks = (s.tokens + kRows - 1) / kRows;
-  s.scale = a.scale;
   const int64_t elements = s.kv_heads * s.padded * s.dim, tiles = s.padded / kKeyTile;
   // The packing writes every element (zeros past the keys): no zero-fill first.
   std::unique_ptr<BF16[]> kbuf(new BF16[elements]), vbuf(new BF16[elements]);
