@@ -45,6 +45,7 @@ class ServingOptions:
     output_len: int = 64
     seed: int = 0
     goodput_ms: dict[str, float] = field(default_factory=dict)
+    stream_interval: int | None = None  # tokens per streamed chunk, sent in each request
     api_key: str | None = None
     timeout_s: float = 600.0
 
@@ -60,6 +61,8 @@ class ServingOptions:
         for name in ("num_seqs", "input_len", "output_len"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.stream_interval is not None and self.stream_interval < 1:
+            problems.append(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             problems.append(f"max_concurrency must be >= 1, got {self.max_concurrency}")
         if self.dataset not in ("random", "chat"):
@@ -151,6 +154,8 @@ def request_bodies(options: ServingOptions, model: str, vocab: int | None, seed:
     common = {"model": model, "max_tokens": options.output_len, "temperature": 0.0,
               "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
               "return_token_ids": True}
+    if options.stream_interval is not None:
+        common["stream_interval"] = options.stream_interval
     if options.dataset == "chat":
         return "/v1/chat/completions", [
             {**common, "messages": [{"role": "user", "content": p}]}

@@ -66,6 +66,7 @@ class VllmServingOptions:
     output_len: int = 128
     request_rate: float = math.inf
     backend: str = "openai"  # or openai-chat
+    stream_interval: int = 1  # tokens per streamed chunk, each server's --stream-interval
     seed: int = 0
     timeout_s: float = 3600.0
 
@@ -121,14 +122,16 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def server_command(which: str, opts: VllmServingOptions, port: int) -> list[str]:
     flags = dict(PLUGSERVE_MODES)
+    interval = ["--stream-interval", str(opts.stream_interval)]  # both servers' flag
     if which in flags:
         return [sys.executable, "-m", "plugserve", "serve", "--model", str(opts.model),
                 "--dtype", opts.dtype, "--port", str(port), "--served-model-name", SERVED_NAME,
                 "--max-waiting", str(max(256, opts.num_seqs)),
-                "--max-running-requests", str(max(64, opts.num_seqs)), *flags[which]]
+                "--max-running-requests", str(max(64, opts.num_seqs)), *interval,
+                *flags[which]]
     return [str(opts.python), "-m", "vllm.entrypoints.openai.api_server", "--model",
             str(opts.model), "--dtype", opts.dtype, "--port", str(port), "--host", "127.0.0.1",
-            "--served-model-name", SERVED_NAME, "--max-model-len", "2048"]
+            "--served-model-name", SERVED_NAME, "--max-model-len", "2048", *interval]
 
 
 def client_command(opts: VllmServingOptions, port: int, out: Path) -> list[str]:
@@ -240,7 +243,8 @@ def run(opts: VllmServingOptions, say: Callable[[str], None] | None = None) -> d
                               "model": str(opts.model), "dtype": opts.dtype,
                               "num_seqs": opts.num_seqs, "input_len": opts.input_len,
                               "output_len": opts.output_len,
-                              "request_rate": opts.request_rate, "work_dir": str(work)}
+                              "request_rate": opts.request_rate,
+                              "stream_interval": opts.stream_interval, "work_dir": str(work)}
     for which in (*dict(PLUGSERVE_MODES), "vllm"):
         say(f"{which} server under vllm bench serve")
         report[which] = run_one(which, opts, work)
@@ -262,7 +266,8 @@ def print_report(report: dict[str, Any]) -> None:
              "offline": "plugserve engine offline"}
     print(f"vllm bench serve ({report['backend']}), {report['num_seqs']} prompts x "
           f"{report['input_len']} / {report['output_len']} tokens, rate "
-          f"{report['request_rate']}, {report['dtype']}")
+          f"{report['request_rate']}, {report['dtype']}, stream interval "
+          f"{report['stream_interval']}")
     for key, name in names.items():
         r = report[key]
         parts = [f"output {r['output_throughput']:.1f} tok/s", f"{r['duration']:.1f} s"]

@@ -159,6 +159,12 @@ def bench_command(
     max_concurrency: Annotated[
         int | None, typer.Option(help="serving: most requests in flight (default: no limit).")
     ] = None,
+    stream_interval: Annotated[
+        int | None,
+        typer.Option(help="serving: generated tokens per streamed chunk (each request's "
+                     "stream_interval; with --compare vllm both servers' --stream-interval; "
+                     "default: the server's, 1)."),
+    ] = None,
     dataset: Annotated[
         str | None,
         typer.Option(help="serving: random (token-id prompts) or chat (shipped chat prompts) "
@@ -256,6 +262,7 @@ def bench_command(
         serving_values: dict[str, Any] = {
             "base_url": base_url, "request_rate": request_rate,
             "max_concurrency": max_concurrency, "dataset": dataset, "input_len": input_len,
+            "stream_interval": stream_interval,
             "goodput": goodput,
         }
         if workload == "serving":

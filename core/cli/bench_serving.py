@@ -72,7 +72,8 @@ def run_vllm_comparison(values: dict[str, Any], offline: dict[str, Any], json_ou
     if given:
         raise UsageError(f"{', '.join(given)} do(es) not apply to bench serving --compare vllm: "
                          "it starts both servers itself (--model, --dtype, --vllm-python, "
-                         "--num-seqs, --input-len, --output-len, --request-rate, --dataset)")
+                         "--num-seqs, --input-len, --output-len, --request-rate, --dataset, "
+                         "--stream-interval)")
     python = offline.get("vllm_python")
     if python is None:
         raise UsageError("--compare vllm needs --vllm-python (benchmarks/setup_vllm.sh makes "
@@ -90,7 +91,7 @@ def run_vllm_comparison(values: dict[str, Any], offline: dict[str, Any], json_ou
         input_len=values.get("input_len") or 128, output_len=values.get("output_len") or 128,
         request_rate=rate if rate > 0 else math.inf,
         backend="openai-chat" if values.get("dataset") == "chat" else "openai",
-        seed=values.get("seed") or 0)
+        stream_interval=values.get("stream_interval") or 1, seed=values.get("seed") or 0)
     try:
         report = serving_vllm.run(options, None if json_out else
                                   lambda name: typer.echo(f"bench serving: {name} ...", err=True))

@@ -101,6 +101,10 @@ def serve_command(
         str | None, typer.Option(help="How tool calls are read from chat output (default "
                                  "hermes).")
     ] = None,
+    stream_interval: Annotated[
+        int | None, _int("Generated tokens per streamed chunk (default 1: every token at once); "
+                         "the first and the last chunk go at once.")
+    ] = None,
     max_n: Annotated[
         int | None, _int("Most samples a request may ask per prompt, n and best_of (default 16).")
     ] = None,
@@ -168,7 +172,7 @@ def serve_command(
             "max_body_bytes": max_body_bytes, "served_model_name": served_model_name,
             "shutdown_timeout_s": shutdown_timeout, "max_logprobs": max_logprobs,
             "tool_call_parser": tool_call_parser,
-            "max_n": max_n,
+            "max_n": max_n, "stream_interval": stream_interval,
         }
         settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
         with stderr_logging(log_level, config.mem_check):

@@ -24,7 +24,7 @@ from typing import Any
 
 from plugserve.outputs import prompt_logprobs_of
 from plugserve.sampling import SamplingParams
-from plugserve.server.jobs import Event, Job, RequestHandle, post_all
+from plugserve.server.jobs import FINAL_ONLY, Event, Job, RequestHandle, post_all
 from plugserve.server.omp_pool import release_openmp_pool
 
 log = logging.getLogger("plugserve.server")
@@ -95,11 +95,12 @@ class EngineLoop:
 
     def submit(
         self, prompts: list[list[int]], sampling: SamplingParams, arrival_s: float, *,
-        session: tuple[str | None, int | None] = (None, None),
+        session: tuple[str | None, int | None] = (None, None), stream_interval: int = 1,
     ) -> Job:
         """Queue one engine request per prompt and sample (`sampling.num_samples` per prompt;
         the handle of sample j of prompt i has index i * samples + j), or refuse them all
-        (Overloaded, NotServing)."""
+        (Overloaded, NotServing). Token events come every `stream_interval` new tokens
+        (plugserve.server.jobs)."""
         if self.failure is not None:
             raise NotServing(f"the engine stopped serving after an internal error: "
                              f"{type(self.failure).__name__}")
@@ -114,6 +115,7 @@ class EngineLoop:
             self._queued += count
         job = Job(self, arrival_s)
         job.session = session
+        job.stream_interval = stream_interval
         job.handles = [RequestHandle(job, i * per_prompt + j, ids, sampling)
                        for i, ids in enumerate(prompts) for j in range(per_prompt)]
         for i in range(len(prompts)):
@@ -318,7 +320,7 @@ class EngineLoop:
                 settled or req.finish_released or req.req_pool_idx is None
             )
             new = req.output_ids[handle.sent:]
-            if not new and not final:
+            if not final and not _due(handle, len(new)):
                 continue
             event = Event("final" if final else "tokens", list(new), *self._logprobs(handle))
             if not handle.prompt_sent:  # the prefill is done: the prompt's logprobs are whole
@@ -382,3 +384,12 @@ class EngineLoop:
             checker=stats.get("checker", {}), memory_whole=self.idle_memory_problem is None,
             stats=stats,
         )
+
+
+def _due(handle: Any, new_tokens: int) -> bool:
+    """Whether a running request's new tokens go now: a stream's first ones at once, then
+    every `stream_interval`; none before the final event when it does not stream."""
+    interval = handle.job.stream_interval
+    if new_tokens == 0 or interval == FINAL_ONLY:
+        return False
+    return handle.sent == 0 or new_tokens >= interval

@@ -132,7 +132,8 @@ class EngineProcess:
         return self._rank_problem
 
     def submit(self, prompts: list[list[int]], sampling: SamplingParams, arrival_s: float, *,
-               session: tuple[str | None, int | None] = (None, None)) -> Job:
+               session: tuple[str | None, int | None] = (None, None),
+               stream_interval: int = 1) -> Job:
         if self.failure is not None:
             raise NotServing(f"the engine stopped serving: {self.failure}")
         if not self._accepting:
@@ -140,6 +141,7 @@ class EngineProcess:
         per_prompt = sampling.num_samples
         job = Job(self, arrival_s)
         job.session = session
+        job.stream_interval = stream_interval
         job.handles = [RequestHandle(job, i * per_prompt + j, ids, sampling)
                        for i, ids in enumerate(prompts) for j in range(per_prompt)]
         with self._lock:
@@ -154,7 +156,7 @@ class EngineProcess:
             for i in range(len(prompts)):  # one message per prompt: its samples are one group
                 group = job.handles[i * per_prompt:(i + 1) * per_prompt]
                 self._send(("submit", [(h.key, h.ids, sampling) for h in group], session,
-                            arrival_s))
+                            arrival_s, stream_interval))
         except NotServing:  # the engine process is gone: nobody would answer these
             with self._lock:
                 for handle in job.handles:

@@ -46,9 +46,11 @@ class Outbox:
 
 
 class WorkerJob:
-    def __init__(self, session: tuple[str | None, int | None], arrival_s: float) -> None:
+    def __init__(self, session: tuple[str | None, int | None], arrival_s: float,
+                 stream_interval: int) -> None:
         self.session = session
         self.arrival_s = arrival_s
+        self.stream_interval = stream_interval
 
 
 class WorkerHandle:
@@ -228,8 +230,8 @@ def _serve_pipe(conn: Any, loop: WorkerLoop, outbox: Outbox) -> None:
             return
         kind = message[0]
         if kind == "submit":
-            _, samples, session, arrival_s = message
-            job = WorkerJob(session, arrival_s)
+            _, samples, session, arrival_s, stream_interval = message
+            job = WorkerJob(session, arrival_s, stream_interval)
             loop.enqueue([WorkerHandle(loop, key, ids, sampling, job)
                           for key, ids, sampling in samples])
         elif kind == "abort":

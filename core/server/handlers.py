@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 
 from plugserve.server.engine_loop import EngineLoop, NotServing, Overloaded
 from plugserve.server.errors import APIError, engine_rejection
-from plugserve.server.jobs import Event, Job
+from plugserve.server.jobs import FINAL_ONLY, Event, Job
 from plugserve.server.output import Choice, Delta, Documents, best_choices
 from plugserve.server.sampling import Generation, check_samples, fit_to_context, precheck
 from plugserve.server.sessions import SessionOwners, caller_key
@@ -48,7 +48,7 @@ class ServerState:
                                 f"{self.model_id!r} (GET /v1/models)",
                            param="model", code="model_not_found")
 
-    def submit(self, gen: Generation, arrival_s: float) -> Job:
+    def submit(self, gen: Generation, arrival_s: float, *, stream: bool) -> Job:
         if self.draining:
             raise APIError(503, "the server is shutting down; retry on another instance",
                            headers={"Connection": "close"})
@@ -58,12 +58,20 @@ class ServerState:
                            param="prompt")
         try:
             return self.loop.submit(gen.prompts, gen.sampling, arrival_s,
-                                    session=(gen.session_id, gen.session_offset))
+                                    session=(gen.session_id, gen.session_offset),
+                                    stream_interval=self.stream_interval(gen, stream))
         except Overloaded as exc:
             raise APIError(503, f"server overloaded: {exc}; retry later",
                            headers={"Retry-After": str(self.settings.retry_after_s)}) from None
         except NotServing as exc:
             raise APIError(503, str(exc)) from None
+
+    def stream_interval(self, gen: Generation, stream: bool) -> int:
+        """New tokens per token event: the server's --stream-interval, raised by the
+        request's own; a request that does not stream needs only its final event."""
+        if not stream:
+            return FINAL_ONLY
+        return max(self.settings.stream_interval, gen.stream_interval or 1)
 
     async def respond(self, request: Request, gen: Generation, docs: Documents, *,
                       stream: bool, include_usage: bool, stop: tuple[str, ...],
@@ -74,7 +82,7 @@ class ServerState:
         precheck(gen, self.loop.vocab_size, self.context_len)
         gen = fit_to_context(gen, self.context_len)
         await self._compile_grammar(gen)
-        job = self.submit(gen, arrival_s)
+        job = self.submit(gen, arrival_s, stream=stream)
         self.jobs.add(job)
         sp = gen.sampling
         per_prompt = sp.num_samples  # choice i * per_prompt + j: sample j of prompt i

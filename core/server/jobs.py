@@ -3,6 +3,12 @@
 An HTTP request becomes a `Job`: one `RequestHandle` per prompt (one engine request each),
 whose events all go to the job's one asyncio queue, posted from the engine thread with
 `loop.call_soon_threadsafe` (one call per step for all requests: `post_all`).
+
+A job's `stream_interval` is how many new tokens a request gathers before the engine side
+posts them (vLLM's `--stream-interval`): the first tokens and the final event go at once, and a
+job that does not stream (`FINAL_ONLY`) gets no token event before its final one. Each event
+is a wake-up of the HTTP side and of its client, taken from the engine's cores on a small
+machine.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from plugserve.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from plugserve.server.engine_loop import EngineLoop
+
+FINAL_ONLY = 1 << 62  # the stream interval of a job that does not stream
 
 
 @dataclass
@@ -95,6 +103,7 @@ class Job:
         self.arrival_s = arrival_s  # time.perf_counter() when the HTTP request arrived
         self.handles: list[RequestHandle] = []
         self.session: tuple[str | None, int | None] = (None, None)  # (session_id, offset)
+        self.stream_interval = 1  # new tokens gathered per token event (FINAL_ONLY: none)
         self.shutting_down = False  # aborted because the server stops (not by its client)
 
     async def next_event(self) -> Event:

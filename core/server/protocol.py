@@ -138,6 +138,10 @@ class GenerationFields(Body):
     return_token_ids: bool = Field(
         default=False, description="add the generated token ids to each choice / chunk"
     )
+    stream_interval: int | None = Field(
+        default=None, description="generated tokens per streamed chunk; raises the server's "
+        "--stream-interval for this request (vLLM's field)"
+    )
     # Structured outputs: OpenAI's response_format, or vLLM's structured_outputs.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsBody | None = None
@@ -151,6 +155,11 @@ class GenerationFields(Body):
         if value < 1:
             raise ValueError(f"n must be at least 1, got {value}")
         return value  # the upper bound is the server's --max-n
+
+    @field_validator("stream_interval")
+    @classmethod
+    def _interval(cls, value: int | None) -> int | None:
+        return _positive_tokens(value, "stream_interval")
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

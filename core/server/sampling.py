@@ -39,6 +39,7 @@ class Generation:
     echo: bool = False  # the prompt (and its logprobs) goes back before the output
     drop_output: bool = False  # max_tokens 0: the one sampled token is not returned
     grammar_param: str | None = None  # the field the output's grammar came from
+    stream_interval: int | None = None  # the request's tokens per streamed chunk, if given
 
 
 def _checked_count(value: int | None, name: str, limit: int) -> int | None:
@@ -121,7 +122,8 @@ def completion_generation(body: CompletionRequest, tokenizer: Any, max_logprobs:
     sampling = _sampling(body, max(1, max_new or 0), logprobs=top is not None, top=top or 0,
                          prompt_logprobs=prompt_top, grammar=grammar)
     gen = Generation(prompts, sampling, max_tokens_given=given, echo=body.echo,
-                     drop_output=drop, grammar_param=param)
+                     drop_output=drop, grammar_param=param,
+                     stream_interval=body.stream_interval)
     return _with_session(body, gen)
 
 
@@ -148,7 +150,8 @@ def chat_generation(body: ChatCompletionRequest, tokenizer: Any, context_len: in
     sampling = _sampling(body, max_new, logprobs=body.logprobs, top=top,
                          prompt_logprobs=prompt_top, grammar=grammar)
     return _with_session(body, Generation([ids], sampling, max_tokens_given=limit is not None,
-                                          grammar_param=param))
+                                          grammar_param=param,
+                                          stream_interval=body.stream_interval))
 
 
 def _with_session(body: GenerationFields, gen: Generation) -> Generation:

@@ -41,6 +41,11 @@ class ServerSettings(BaseSettings):
         default=20, ge=0, description="most alternatives a request may ask per token (vLLM's "
         "--max-logprobs)"
     )
+    stream_interval: int = Field(
+        default=1, ge=1, description="generated tokens per streamed chunk (vLLM's "
+        "--stream-interval); a request's own `stream_interval` may raise it. The first and the "
+        "last chunk go at once"
+    )
     tool_call_parser: str = Field(
         default="hermes", description="how tool calls are read from chat output (a registered "
         "tool parser)"

@@ -3,7 +3,8 @@
 Run as the "vLLM interpreter" (through a one-line shell wrapper that `--vllm-python` names):
 
 - `-m vllm.entrypoints.openai.api_server --model M --dtype D --port P ...` stands in for vLLM's
-  server: it runs `plugserve serve` on the same model and port (vLLM-only flags dropped);
+  server: it runs `plugserve serve` on the same model, port and `--stream-interval` (the other
+  flags dropped);
 - `-c CODE --base-url URL --endpoint E --num-prompts N --random-input-len I
   --random-output-len O --result-dir D --result-filename F ...` stands in for `vllm bench serve`:
   N streaming requests at once, and a result file with the keys vLLM's client writes.
@@ -24,12 +25,13 @@ from pathlib import Path
 
 def serve(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
-    for flag in ("--model", "--dtype", "--port", "--served-model-name"):
+    for flag in ("--model", "--dtype", "--port", "--served-model-name", "--stream-interval"):
         parser.add_argument(flag)
     args, _ = parser.parse_known_args(argv)
+    interval = [] if args.stream_interval is None else ["--stream-interval", args.stream_interval]
     os.execv(sys.executable, [sys.executable, "-m", "plugserve", "serve", "--model", args.model,
                               "--dtype", args.dtype, "--port", args.port,
-                              "--served-model-name", args.served_model_name])
+                              "--served-model-name", args.served_model_name, *interval])
 
 
 async def one(client: object, url: str, body: dict[str, object]) -> tuple[float, int]:

@@ -37,16 +37,19 @@ def fake_vllm_python(folder: Path) -> Path:
     return wrapper
 
 
-@pytest.mark.parametrize("dataset", ["random", "chat"])
-def test_compare_vllm_plumbing(tiny_model_dir: Path, tmp_path: Path, dataset: str) -> None:
+@pytest.mark.parametrize(("dataset", "interval"), [("random", 1), ("chat", 3)])
+def test_compare_vllm_plumbing(tiny_model_dir: Path, tmp_path: Path, dataset: str,
+                               interval: int) -> None:
     before = set(children_of(os.getpid()))
     run: Any = CliRunner().invoke(app, [
         "bench", "serving", "--compare", "vllm", "--vllm-python",
         str(fake_vllm_python(tmp_path)), "--model", str(tiny_model_dir), "--num-seqs", "4",
-        "--input-len", "16", "--output-len", "8", "--dataset", dataset, "--json"])
+        "--input-len", "16", "--output-len", "8", "--dataset", dataset,
+        "--stream-interval", str(interval), "--json"])
     assert run.exit_code == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["backend"] == ("openai-chat" if dataset == "chat" else "openai")
+    assert report["stream_interval"] == interval
     for which in ("plugserve", "plugserve_thread", "vllm"):
         assert report[which]["completed"] == 4 and report[which]["failed"] == 0
         assert report[which]["total_output_tokens"] == 4 * 8
