@@ -218,27 +218,29 @@ std::vector<float> widen(const T* x, int64_t x_stride, int64_t M, int64_t K) {
 }
 
 // Rows [begin, end) of the output for rows [m0, m0 + M) of x, int8 activations, prefetching
-// ahead up to row `stop`.
+// ahead up to row `stop` (`resumed`: the rows before were this thread's, and prefetched on).
 template <QuantFormat Fmt, typename T>
 void int8_rows(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t M,
-               int64_t begin, int64_t end, int64_t stop) {
+               int64_t begin, int64_t end, int64_t stop, bool resumed) {
 #if defined(__AVX2__)
-  quant::rows_int8_fast<Fmt, T>(a, xr, m0, M, begin, end, stop);
+  quant::rows_int8_fast<Fmt, T>(a, xr, m0, M, begin, end, stop, resumed);
 #else
+  (void)resumed;
   rows_int8<Fmt, T>(a, xr, m0, M, begin, end, stop);
 #endif
 }
 
 // Rows [0, N) split between the threads (work_share.h) in runs of whole 4-row groups (the
-// groups the one-row-of-x loops take together), a few KiB of blocks per claim: fn(begin,
-// end, stop) with rows [begin, end) and the row its prefetches may run up to.
+// groups the one-row-of-x loops take together), a few KiB of blocks per claim: fn(run) with
+// the run in rows.
 template <typename Fn>
 void share_rows(int64_t N, int64_t row_bytes, const Fn& fn) {
   constexpr int64_t kGroup = 4;
   work_share::for_each_chunk(
       (N + kGroup - 1) / kGroup, work_share::chunk_units(kGroup * row_bytes),
-      [&](int64_t begin, int64_t end, int64_t stop) {
-        fn(begin * kGroup, std::min(end * kGroup, N), std::min(stop * kGroup, N));
+      [&](const work_share::Run& r) {
+        fn(work_share::Run{r.begin * kGroup, std::min(r.end * kGroup, N),
+                           std::min(r.stop * kGroup, N), r.resumed});
       });
 }
 
@@ -269,8 +271,8 @@ void quant_linear_typed(const QuantLinearArgs& a) {
     const Int8Rows& xr = rounded_x(x, a.x_stride, a.M, a.K, a.w, a.N * a.w_row_bytes);
     for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
       const int64_t M = std::min(kMaxRows, a.M - m0);
-      share_rows(a.N, a.w_row_bytes, [&](int64_t begin, int64_t end, int64_t stop) {
-        int8_rows<Fmt, T>(a, xr, m0, M, begin, end, stop);
+      share_rows(a.N, a.w_row_bytes, [&](const work_share::Run& r) {
+        int8_rows<Fmt, T>(a, xr, m0, M, r.begin, r.end, r.stop, r.resumed);
       });
     }
   } else {
@@ -289,7 +291,8 @@ void quant_linear_typed(const QuantLinearArgs& a) {
     }
     for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
       const int64_t M = std::min(kMaxRows, a.M - m0);
-      share_rows(a.N, a.w_row_bytes, [&](int64_t begin, int64_t end, int64_t stop) {
+      share_rows(a.N, a.w_row_bytes, [&](const work_share::Run& r) {
+        const int64_t begin = r.begin, end = r.end, stop = r.stop;
 #if defined(__AVX2__)
         if constexpr (quant::block_elems(Fmt) == kBlock) {
           if (M == 1) {
@@ -315,15 +318,16 @@ void quant_linear_parts_typed(const QuantLinearPartsArgs& p) {
   for (int64_t i = 0; i < p.count; ++i) rows += p.parts[i].N;
   for (int64_t m0 = 0; m0 < first.M; m0 += kMaxRows) {
     const int64_t M = std::min(kMaxRows, first.M - m0);
-    share_rows(rows, first.w_row_bytes, [&](int64_t begin, int64_t end, int64_t stop) {
+    share_rows(rows, first.w_row_bytes, [&](const work_share::Run& r) {
       int64_t start = 0;  // the part's first row among all the parts' rows
       for (int64_t i = 0; i < p.count; start += p.parts[i].N, ++i) {
-        const int64_t lo = std::max(begin, start), hi = std::min(end, start + p.parts[i].N);
+        const int64_t lo = std::max(r.begin, start), hi = std::min(r.end, start + p.parts[i].N);
         if (lo >= hi) continue;
-        const int64_t ahead = std::min(stop, start + p.parts[i].N);  // within this part
+        const int64_t ahead = std::min(r.stop, start + p.parts[i].N);  // within this part
+        const bool resumed = r.resumed && lo == r.begin;
         quant::with_format(p.parts[i].format, [&](auto fmt) {
           int8_rows<decltype(fmt)::value, T>(p.parts[i], xr, m0, M, lo - start, hi - start,
-                                             ahead - start);
+                                             ahead - start, resumed);
         });
       }
     });

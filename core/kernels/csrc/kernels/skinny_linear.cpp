@@ -191,7 +191,8 @@ template <typename TW, typename Fn>
 void share_blocks(int64_t N, int64_t K, const Fn& fn) {
   const int64_t blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   work_share::for_each_chunk(
-      blocks, work_share::chunk_units(kRowsPerBlock * K * static_cast<int64_t>(sizeof(TW))), fn);
+      blocks, work_share::chunk_units(kRowsPerBlock * K * static_cast<int64_t>(sizeof(TW))),
+      [&](const work_share::Run& r) { fn(r.begin, r.end, r.stop); });
 }
 
 template <typename TW, typename TO>

@@ -74,12 +74,19 @@ inline bool claim(Share& s, bool from_front, int64_t chunk, int64_t& begin, int6
   }
 }
 
-// Calls fn(begin, end, stream_end) over disjoint runs [begin, end) that together cover
-// [0, n), from the threads of one parallel region, in chunks of `chunk` units. stream_end
-// (>= end) bounds how far past `end` the call may prefetch: the end of the run the thread
-// is walking front to back (its own share, as far as nobody has taken its back), or `end`
-// for a chunk taken from another's back. A call computes its units exactly as if it had
-// the whole range: only which thread computes a unit changes.
+// One call's units [begin, end). `stop` (>= end) bounds how far past `end` the call may
+// prefetch: the end of the run its thread walks front to back (its own share, as far as
+// nobody has taken its back), or `end` for a chunk taken from another's back. `resumed`:
+// the thread's previous call ended at `begin` and prefetched on from there, so the start of
+// this one is on its way already.
+struct Run {
+  int64_t begin, end, stop;
+  bool resumed;
+};
+
+// Calls fn(Run) over disjoint runs that together cover [0, n), from the threads of one
+// parallel region, in chunks of `chunk` units. A call computes its units exactly as if it
+// had the whole range: only which thread computes a unit changes.
 template <typename Fn>
 void for_each_chunk(int64_t n, int64_t chunk, const Fn& fn) {
   if (n <= 0) return;
@@ -87,23 +94,31 @@ void for_each_chunk(int64_t n, int64_t chunk, const Fn& fn) {
   const int64_t threads =
       std::min<int64_t>(std::max(at::get_num_threads(), 1), (n + chunk - 1) / chunk);
   if (threads <= 1 || at::in_parallel_region()) {  // one thread, or too few units to split
-    fn(int64_t{0}, n, n);
+    fn(Run{0, n, n, false});
     return;
   }
   if (n > std::numeric_limits<uint32_t>::max()) {  // more units than a packed end holds
-    at::parallel_for(0, n, chunk, [&](int64_t begin, int64_t end) { fn(begin, end, end); });
+    at::parallel_for(0, n, chunk,
+                     [&](int64_t begin, int64_t end) { fn(Run{begin, end, end, false}); });
     return;
   }
-  std::vector<Share> shares(threads);
+  constexpr int64_t kOnStack = 16;  // no allocation per call on small machines
+  Share on_stack[kOnStack];
+  std::vector<Share> on_heap(threads > kOnStack ? threads : 0);
+  Share* shares = threads > kOnStack ? on_heap.data() : on_stack;
   for (int64_t t = 0; t < threads; ++t)
     shares[t].ends.store(pack(n * t / threads, n * (t + 1) / threads), std::memory_order_relaxed);
   at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
-    int64_t begin, end, limit;
-    for (int64_t t = first; t < last; ++t)  // its own share(s), front to back
-      while (claim(shares[t], true, chunk, begin, end, limit)) fn(begin, end, limit);
+    int64_t begin, end, limit, previous_end = -1;
+    for (int64_t t = first; t < last; ++t) {  // its own share(s), front to back
+      while (claim(shares[t], true, chunk, begin, end, limit)) {
+        fn(Run{begin, end, limit, begin == previous_end});
+        previous_end = end;
+      }
+    }
     for (int64_t i = 1; i < threads; ++i) {  // then the others', from their backs
       Share& other = shares[(last - 1 + i) % threads];
-      while (claim(other, false, chunk, begin, end, limit)) fn(begin, end, end);
+      while (claim(other, false, chunk, begin, end, limit)) fn(Run{begin, end, end, false});
     }
   });
 }
