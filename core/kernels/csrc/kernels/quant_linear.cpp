@@ -1,8 +1,8 @@
 // y = x @ dequantize(w).T (+ bias) for a few rows of x with w kept in its GGML blocks: the
 // decode step's linears over a quantized model (the many-row path is quant_gemm.cpp).
 //
-// Each thread streams its contiguous share of weight rows once (prefetching ahead into L2, as
-// skinny_linear.cpp does) and multiplies it by every row of x:
+// Each thread streams its share of weight rows once, in long contiguous runs (work_share.h;
+// prefetching ahead into L2, as skinny_linear.cpp does) and multiplies it by every row of x:
 // - int8 activations (llama.cpp's scheme): x is rounded per 32-block to int8 once per call
 //   (scale max|x| / 127, kept as fp16; quant_x_int8.h); the products are integer dot
 //   products, 4 weights per int32 lane. The copies with AVX2 take quant_rows_int8.h: blocks
@@ -18,7 +18,7 @@
 // - float activations: the chunk is widened to float32 (q * scale + constant) and multiplied
 //   in float32 FMAs.
 // quant_linear_parts runs several weights sharing x (a projection's parts in different
-// formats) in one pass: x rounded once, one parallel_for over all their rows.
+// formats) in one pass: x rounded once, one split of all their rows between the threads.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -28,6 +28,7 @@
 #include "quant_blocks.h"
 #include "quant_x_int8.h"
 #include "quant_rows_int8.h"
+#include "work_share.h"
 
 PLUGSERVE_ISA_BEGIN
 namespace {
@@ -90,15 +91,16 @@ inline void decode_chunk_prefetched(const uint8_t* row, int64_t k0, int64_t len,
 }
 
 #if !defined(__AVX2__)
-// One thread's rows [n_begin, n_end) of the output, for M <= kMaxRows rows of x.
+// Rows [n_begin, n_end) of the output, for M <= kMaxRows rows of x (prefetching ahead up to
+// row n_stop).
 template <QuantFormat Fmt, typename TO>
 void rows_int8(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t M,
-               int64_t n_begin, int64_t n_end) {
+               int64_t n_begin, int64_t n_end, int64_t n_stop) {
   Chunk c;
   alignas(64) float acc[kMaxRows][kWidth];
   float mins[kMaxRows];
   const int64_t K = a.K;
-  const char* stop = reinterpret_cast<const char*>(a.w + n_end * a.w_row_bytes);
+  const char* stop = reinterpret_cast<const char*>(a.w + n_stop * a.w_row_bytes);
   TO* out = static_cast<TO*>(a.out);
   for (int64_t n = n_begin; n < n_end; ++n) {
     const uint8_t* row = a.w + n * a.w_row_bytes;
@@ -139,12 +141,12 @@ inline float hsum256(__m256 acc) {
 // multiplied at once, four independent FMA chains per row of x.
 template <QuantFormat Fmt, typename TO, int MR>
 void rows_float_small(const QuantLinearArgs& a, const float* x32, int64_t m0, int64_t M_rt,
-                      int64_t n_begin, int64_t n_end) {
+                      int64_t n_begin, int64_t n_end, int64_t n_stop) {
   const int64_t M = MR > 0 ? MR : M_rt;
   const int64_t K = a.K, blocks = K / kBlock;
   constexpr int64_t bytes = quant::block_bytes(Fmt);
   constexpr int64_t rows = MR > 0 ? MR : kMaxRows;
-  const char* stop = reinterpret_cast<const char*>(a.w + n_end * a.w_row_bytes);
+  const char* stop = reinterpret_cast<const char*>(a.w + n_stop * a.w_row_bytes);
   TO* out = static_cast<TO*>(a.out);
   for (int64_t n = n_begin; n < n_end; ++n) {
     const uint8_t* row = a.w + n * a.w_row_bytes;
@@ -184,12 +186,12 @@ void rows_float_small(const QuantLinearArgs& a, const float* x32, int64_t m0, in
 
 template <QuantFormat Fmt, typename TO>
 void rows_float(const QuantLinearArgs& a, const float* x32, int64_t m0, int64_t M,
-                int64_t n_begin, int64_t n_end) {
+                int64_t n_begin, int64_t n_end, int64_t n_stop) {
   Chunk c;
   alignas(64) float wf[kChunk];
   alignas(64) float acc[kMaxRows][kWidth];
   const int64_t K = a.K;
-  const char* stop = reinterpret_cast<const char*>(a.w + n_end * a.w_row_bytes);
+  const char* stop = reinterpret_cast<const char*>(a.w + n_stop * a.w_row_bytes);
   TO* out = static_cast<TO*>(a.out);
   for (int64_t n = n_begin; n < n_end; ++n) {
     const uint8_t* row = a.w + n * a.w_row_bytes;
@@ -215,21 +217,31 @@ std::vector<float> widen(const T* x, int64_t x_stride, int64_t M, int64_t K) {
   return out;
 }
 
-// Rows [begin, end) of the output for rows [m0, m0 + M) of x, int8 activations.
+// Rows [begin, end) of the output for rows [m0, m0 + M) of x, int8 activations, prefetching
+// ahead up to row `stop` (`resumed`: the rows before were this thread's, and prefetched on).
 template <QuantFormat Fmt, typename T>
 void int8_rows(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t M,
-               int64_t begin, int64_t end) {
+               int64_t begin, int64_t end, int64_t stop, bool resumed) {
 #if defined(__AVX2__)
-  quant::rows_int8_fast<Fmt, T>(a, xr, m0, M, begin, end);
+  quant::rows_int8_fast<Fmt, T>(a, xr, m0, M, begin, end, stop, resumed);
 #else
-  rows_int8<Fmt, T>(a, xr, m0, M, begin, end);
+  (void)resumed;
+  rows_int8<Fmt, T>(a, xr, m0, M, begin, end, stop);
 #endif
 }
 
-// Rows of the weight per task: a few KiB of blocks, so two threads split even a small matrix
-// but each still streams a long contiguous run.
-int64_t grain_rows(int64_t row_bytes) {
-  return std::max<int64_t>(1, 16384 / std::max<int64_t>(row_bytes, 1));
+// Rows [0, N) split between the threads (work_share.h) in runs of whole 4-row groups (the
+// groups the one-row-of-x loops take together), a few KiB of blocks per claim: fn(run) with
+// the run in rows.
+template <typename Fn>
+void share_rows(int64_t N, int64_t row_bytes, const Fn& fn) {
+  constexpr int64_t kGroup = 4;
+  work_share::for_each_chunk(
+      (N + kGroup - 1) / kGroup, work_share::chunk_units(kGroup * row_bytes),
+      [&](const work_share::Run& r) {
+        fn(work_share::Run{r.begin * kGroup, std::min(r.end * kGroup, N),
+                           std::min(r.stop * kGroup, N), r.resumed});
+      });
 }
 
 #if defined(__AVX2__)
@@ -255,13 +267,12 @@ const Int8Rows& rounded_x(const T* x, int64_t x_stride, int64_t M, int64_t K,
 template <QuantFormat Fmt, typename T>
 void quant_linear_typed(const QuantLinearArgs& a) {
   const T* x = static_cast<const T*>(a.x);
-  const int64_t grain = grain_rows(a.w_row_bytes);
   if (a.int8_activations) {
     const Int8Rows& xr = rounded_x(x, a.x_stride, a.M, a.K, a.w, a.N * a.w_row_bytes);
     for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
       const int64_t M = std::min(kMaxRows, a.M - m0);
-      at::parallel_for(0, a.N, grain, [&](int64_t begin, int64_t end) {
-        int8_rows<Fmt, T>(a, xr, m0, M, begin, end);
+      share_rows(a.N, a.w_row_bytes, [&](const work_share::Run& r) {
+        int8_rows<Fmt, T>(a, xr, m0, M, r.begin, r.end, r.stop, r.resumed);
       });
     }
   } else {
@@ -280,18 +291,19 @@ void quant_linear_typed(const QuantLinearArgs& a) {
     }
     for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
       const int64_t M = std::min(kMaxRows, a.M - m0);
-      at::parallel_for(0, a.N, grain, [&](int64_t begin, int64_t end) {
+      share_rows(a.N, a.w_row_bytes, [&](const work_share::Run& r) {
+        const int64_t begin = r.begin, end = r.end, stop = r.stop;
 #if defined(__AVX2__)
         if constexpr (quant::block_elems(Fmt) == kBlock) {
           if (M == 1) {
-            rows_float_small<Fmt, T, 1>(a, x32, m0, M, begin, end);
+            rows_float_small<Fmt, T, 1>(a, x32, m0, M, begin, end, stop);
           } else {
-            rows_float_small<Fmt, T, 0>(a, x32, m0, M, begin, end);
+            rows_float_small<Fmt, T, 0>(a, x32, m0, M, begin, end, stop);
           }
           return;
         }
 #endif
-        rows_float<Fmt, T>(a, x32, m0, M, begin, end);
+        rows_float<Fmt, T>(a, x32, m0, M, begin, end, stop);
       });
     }
   }
@@ -306,13 +318,16 @@ void quant_linear_parts_typed(const QuantLinearPartsArgs& p) {
   for (int64_t i = 0; i < p.count; ++i) rows += p.parts[i].N;
   for (int64_t m0 = 0; m0 < first.M; m0 += kMaxRows) {
     const int64_t M = std::min(kMaxRows, first.M - m0);
-    at::parallel_for(0, rows, grain_rows(first.w_row_bytes), [&](int64_t begin, int64_t end) {
+    share_rows(rows, first.w_row_bytes, [&](const work_share::Run& r) {
       int64_t start = 0;  // the part's first row among all the parts' rows
       for (int64_t i = 0; i < p.count; start += p.parts[i].N, ++i) {
-        const int64_t lo = std::max(begin, start), hi = std::min(end, start + p.parts[i].N);
+        const int64_t lo = std::max(r.begin, start), hi = std::min(r.end, start + p.parts[i].N);
         if (lo >= hi) continue;
+        const int64_t ahead = std::min(r.stop, start + p.parts[i].N);  // within this part
+        const bool resumed = r.resumed && lo == r.begin;
         quant::with_format(p.parts[i].format, [&](auto fmt) {
-          int8_rows<decltype(fmt)::value, T>(p.parts[i], xr, m0, M, lo - start, hi - start);
+          int8_rows<decltype(fmt)::value, T>(p.parts[i], xr, m0, M, lo - start, hi - start,
+                                             ahead - start, resumed);
         });
       }
     });

@@ -127,13 +127,17 @@ inline void dot_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, int6
   }
 }
 
-// Rows [n_begin, n_end) of the output for rows [m0, m0 + M) of x (M <= kMaxRows).
+// Rows [n_begin, n_end) of the output for rows [m0, m0 + M) of x (M <= kMaxRows), prefetching
+// ahead up to row n_stop (the end of the run this thread walks). The run's first
+// kPrefetchBytes are asked for at once unless `resumed` (the thread's previous rows ended at
+// n_begin and their loop asked for them already: asking again would hold line-fill buffers
+// on lines that are on their way).
 template <QuantFormat F, typename TO>
 void rows_int8_fast(const QuantLinearArgs& a, const Int8Rows& xr, int64_t m0, int64_t M,
-                    int64_t n_begin, int64_t n_end) {
+                    int64_t n_begin, int64_t n_end, int64_t n_stop, bool resumed) {
   const XRows x(xr, m0);
-  const char* stop = reinterpret_cast<const char*>(a.w + n_end * a.w_row_bytes);
-  prefetch_lines(a.w + n_begin * a.w_row_bytes, kPrefetchBytes, stop);
+  const char* stop = reinterpret_cast<const char*>(a.w + n_stop * a.w_row_bytes);
+  if (!resumed) prefetch_lines(a.w + n_begin * a.w_row_bytes, kPrefetchBytes, stop);
   TO* out = static_cast<TO*>(a.out);
   auto store = [&](int64_t n, int64_t rows, const float* y) {
     for (int64_t r = 0; r < rows; ++r)

@@ -2,10 +2,10 @@
 //
 // With one to a few dozen rows a linear layer is a stream over its weight: every weight
 // element is used once per row. GEMM libraries tile for large products and, for 2..16 rows,
-// reach a fraction of the memory bandwidth. Here each thread streams its own contiguous
-// share of the weight rows exactly once, four rows at a time (prefetching 8 KiB ahead into
-// L2), and multiplies every block of them by all rows of x while it sits in registers and L1
-// (x itself is small and stays in cache).
+// reach a fraction of the memory bandwidth. Here each thread streams its share of the weight
+// rows exactly once, in long contiguous runs (work_share.h), four rows at a time (prefetching
+// 8 KiB ahead into L2), and multiplies every block of them by all rows of x while it sits in
+// registers and L1 (x itself is small and stays in cache).
 //
 // float32: products and sums are float32 FMAs. bfloat16 weights are read as bf16, half the
 // bytes of float32, and widened in registers (a 16-bit shift); x is widened once per call, and
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../vec/pvec.h"
+#include "work_share.h"
 
 PLUGSERVE_ISA_BEGIN
 namespace {
@@ -140,13 +141,15 @@ inline void tile_bf16_dot(const BF16* __restrict x, int64_t x_stride, const BF16
 }
 #endif
 
-// Every block of 4 weight rows times all rows of x (tiles of kXRows), over this thread's
-// contiguous share of blocks [begin, end). TX is float (the widened x) or, for the bf16-dot
-// tile, BF16.
+// Every block of 4 weight rows times all rows of x (tiles of kXRows), over the contiguous
+// run of blocks [begin, end), prefetching ahead up to block `stop` (the end of the run this
+// thread walks). TX is float (the widened x) or, for the bf16-dot tile, BF16.
 template <typename TX, typename TW, typename TO, typename Tile>
 void run_share(const TX* x, int64_t x_stride, const TW* w, const float* bias, TO* out,
-               int64_t M, int64_t K, int64_t N, int64_t begin, int64_t end, Tile&& tile_fn) {
-  const char* share_end = reinterpret_cast<const char*>(w + std::min(end * kRowsPerBlock, N) * K);
+               int64_t M, int64_t K, int64_t N, int64_t begin, int64_t end, int64_t stop,
+               Tile&& tile_fn) {
+  const char* share_end =
+      reinterpret_cast<const char*>(w + std::min(stop * kRowsPerBlock, N) * K);
   for (int64_t b = begin; b < end; ++b) {
     const int64_t n0 = b * kRowsPerBlock;
     const int64_t n_valid = std::min(kRowsPerBlock, N - n0);
@@ -154,7 +157,7 @@ void run_share(const TX* x, int64_t x_stride, const TW* w, const float* bias, TO
     for (int64_t j = 0; j < kRowsPerBlock; ++j)
       w_rows[j] = w + std::min(n0 + j, N - 1) * K;  // past N: re-read the last row
     // The stream ahead is fetched on the block's first tile of x rows only (the later ones
-    // find the block in cache), and not past this thread's share.
+    // find the block in cache), and not past this thread's run.
     const char* prefetch = share_end;
     int64_t m0 = 0;
     for (; m0 + kXRows <= M; m0 += kXRows, prefetch = nullptr) {
@@ -182,22 +185,39 @@ void run_share(const TX* x, int64_t x_stride, const TW* w, const float* bias, TO
 // while every weight block of the thread's share meets it.
 constexpr int64_t kMBlock = 128;
 
+// The blocks of 4 weight rows split between the threads in contiguous runs (work_share.h),
+// a few KiB of weight per claim: fn(begin, end, stop) as run_share takes them.
+template <typename TW, typename Fn>
+void share_blocks(int64_t N, int64_t K, const Fn& fn) {
+  const int64_t blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  work_share::for_each_chunk(
+      blocks, work_share::chunk_units(kRowsPerBlock * K * static_cast<int64_t>(sizeof(TW))),
+      [&](const work_share::Run& r) { fn(r.begin, r.end, r.stop); });
+}
+
 template <typename TW, typename TO>
 void run_widened(const float* x, int64_t x_stride, const TW* w, const float* bias, TO* out,
                  int64_t M, int64_t K, int64_t N) {
-  const int64_t blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  // A thread's share is a contiguous run of weight rows: one sequential stream each.
-  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
+  auto run = [&](int64_t begin, int64_t end, int64_t stop) {
     for (int64_t m0 = 0; m0 < M; m0 += kMBlock) {
       run_share(x + m0 * x_stride, x_stride, w, bias, out + m0 * N, std::min(kMBlock, M - m0),
-                K, N, begin, end,
+                K, N, begin, end, stop,
                 [&](auto mr, const float* xr, const TW* const* rows, int64_t n0,
                     int64_t n_valid, TO* o, const char* prefetch) {
                   tile<TW, TO, decltype(mr)::value>(xr, x_stride, rows, K, bias, n0, n_valid,
                                                     o, N, prefetch);
                 });
     }
-  });
+  };
+  if (M <= kMBlock) {
+    share_blocks<TW>(N, K, run);
+    return;
+  }
+  // Many rows (the widening GEMM): every block meets each 128 rows of x in turn, so a
+  // thread keeps one static share, each pass over it with one x block in L2 (runs of a few
+  // blocks would stream all of x once per run).
+  const int64_t blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) { run(begin, end, end); });
 }
 
 // x [M, K] of T as contiguous float32 (the few-row and widening paths multiply in float32).
@@ -242,9 +262,8 @@ void skinny_linear(const SkinnyLinearArgs& a) {
   const BF16* w = static_cast<const BF16*>(a.w);
   BF16* out = static_cast<BF16*>(a.out);
 #if defined(__AVX512BF16__)
-  const int64_t blocks = (a.N + kRowsPerBlock - 1) / kRowsPerBlock;
-  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
-    run_share(x, a.x_stride, w, a.bias, out, a.M, a.K, a.N, begin, end,
+  share_blocks<BF16>(a.N, a.K, [&](int64_t begin, int64_t end, int64_t stop) {
+    run_share(x, a.x_stride, w, a.bias, out, a.M, a.K, a.N, begin, end, stop,
               [&](auto mr, const BF16* xr, const BF16* const* rows, int64_t n0,
                   int64_t n_valid, BF16* o, const char* prefetch) {
                 tile_bf16_dot<decltype(mr)::value>(xr, a.x_stride, rows, a.K, a.bias, n0,
