@@ -78,6 +78,10 @@ def run_vllm_comparison(values: dict[str, Any], offline: dict[str, Any], json_ou
     if python is None:
         raise UsageError("--compare vllm needs --vllm-python (benchmarks/setup_vllm.sh makes "
                          ".venv-vllm/bin/python)")
+    interval = values.get("stream_interval")
+    if interval is not None and interval < 1:
+        raise UsageError(f"--stream-interval must be at least 1 (tokens per streamed chunk), "
+                         f"got {interval}")
     rate_text = values.get("request_rate") or "inf"
     try:
         rate = float(rate_text)
@@ -91,7 +95,7 @@ def run_vllm_comparison(values: dict[str, Any], offline: dict[str, Any], json_ou
         input_len=values.get("input_len") or 128, output_len=values.get("output_len") or 128,
         request_rate=rate if rate > 0 else math.inf,
         backend="openai-chat" if values.get("dataset") == "chat" else "openai",
-        stream_interval=values.get("stream_interval") or 1, seed=values.get("seed") or 0)
+        stream_interval=interval or 1, seed=values.get("seed") or 0)
     try:
         report = serving_vllm.run(options, None if json_out else
                                   lambda name: typer.echo(f"bench serving: {name} ...", err=True))

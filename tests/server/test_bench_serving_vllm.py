@@ -103,3 +103,15 @@ def test_step_phases_line() -> None:
         "run 150.0 ms per step served, 100.0 offline (1.50x); forward 120.0 ms per step "
         "served, 100.0 offline (1.20x); the client's CPU (start-up included) 2.0 s")
     assert step_phases_line({**served, "step_phases_s": {}}, offline) == ""
+
+
+@pytest.mark.parametrize("compare", [True, False])
+def test_a_bad_stream_interval_is_refused_before_anything_starts(tiny_model_dir: Path,
+                                                                 compare: bool) -> None:
+    target = (["--compare", "vllm", "--vllm-python", "/bin/false", "--model",
+               str(tiny_model_dir)] if compare else ["--base-url", "http://127.0.0.1:9"])
+    run: Any = CliRunner().invoke(app, ["bench", "serving", *target, "--stream-interval", "0"])
+    assert run.exit_code != 0
+    expected = ("--stream-interval must be at least 1" if compare
+                else "stream_interval must be >= 1, got 0")
+    assert expected in run.stderr, run.stderr
