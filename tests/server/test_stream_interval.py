@@ -79,9 +79,9 @@ def test_the_server_setting_is_checked() -> None:
         ServerSettings(stream_interval=0)
 
 
-def events_of(tiny_model_dir: Path, stream_interval: int) -> list[Event]:
+def events_of(tiny_model_dir: Path, stream_interval: int, overlap: bool) -> list[Event]:
     """A request's events straight from the engine loop, with this interval."""
-    engine = Engine(model=str(tiny_model_dir), **CHECKED)
+    engine = Engine(model=str(tiny_model_dir), overlap=overlap, **CHECKED)
     loop = EngineLoop(engine, max_waiting=8)
     try:
         loop.start()
@@ -105,11 +105,16 @@ def events_of(tiny_model_dir: Path, stream_interval: int) -> list[Event]:
     return events
 
 
-def test_a_request_that_does_not_stream_gets_its_final_event_only(tiny_model_dir: Path
-                                                                  ) -> None:
-    every = events_of(tiny_model_dir, 1)
-    final_only = events_of(tiny_model_dir, FINAL_ONLY)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_request_that_does_not_stream_gets_its_final_event_only(tiny_model_dir: Path,
+                                                                  overlap: bool) -> None:
+    every = events_of(tiny_model_dir, 1, overlap)
+    three = events_of(tiny_model_dir, 3, overlap)
+    final_only = events_of(tiny_model_dir, FINAL_ONLY, overlap)
     assert [e.kind for e in every] == ["accepted"] + ["tokens"] * (len(every) - 2) + ["final"]
     assert [e.kind for e in final_only] == ["accepted", "final"]
     assert final_only[-1].token_ids == [t for e in every for t in e.token_ids]
     assert len(final_only[-1].token_ids) == TOKENS
+    # Every third token after the first: what is left of the 11 comes with the final event.
+    assert [len(e.token_ids) for e in three[1:]] == [1, 3, 3, 3, 1]
+    assert [t for e in three for t in e.token_ids] == final_only[-1].token_ids
