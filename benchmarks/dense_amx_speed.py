@@ -7,6 +7,10 @@ largest row count where the kernel is faster.
 
     python benchmarks/dense_amx_speed.py [--rows 9,16,32,64,96,128,256] [--threads 2]
 
+With `--prefill` (rows 128,512,1024,2048 unless given) each matrix is timed on its own,
+TFLOP/s of oneDNN and of the kernel, and which one the model's linear takes at those rows
+(`dense_amx.applies_many`): the kernel's panels against oneDNN for a prefill chunk.
+
 Weights are random (the kernels' speed does not depend on the values); best of --repeats
 passes over all layers.
 """
@@ -29,7 +33,9 @@ LAYERS = 30
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="9,16,32,64,96,128,256")
+    parser.add_argument("--rows", default=None)
+    parser.add_argument("--prefill", action="store_true",
+                        help="per matrix, at a prefill's rows (TFLOP/s)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
@@ -48,9 +54,12 @@ def main() -> None:
         onednn.append(pack)
         dense_amx.packed(w)
     layer_bytes = sum(n * k * 2 for n, k in LAYER_SHAPES)
+    if args.prefill:
+        _per_matrix(args, weights, onednn, gen)
+        return
     print(f"bf16, {args.threads} threads, {LAYERS} layers of {layer_bytes / 1e6:.1f} MB cycled; "
           "us per layer (GB/s of weights)")
-    for rows in (int(r) for r in args.rows.split(",")):
+    for rows in (int(r) for r in (args.rows or "9,16,32,64,96,128,256").split(",")):
         xs = {k: torch.randn(rows, k, generator=gen).bfloat16() for _, k in LAYER_SHAPES}
         inputs = [xs[w.shape[1]] for w in weights]
 
@@ -66,6 +75,27 @@ def main() -> None:
         print(f"rows {rows:3d}: oneDNN {base:6.0f} us ({layer_bytes / base / 1e3:4.1f} GB/s), "
               f"AMX kernel {amx:6.0f} us ({layer_bytes / amx / 1e3:4.1f} GB/s), "
               f"oneDNN / kernel {base / amx:.2f}", flush=True)
+
+
+def _per_matrix(args: argparse.Namespace, weights: list[torch.Tensor],
+                onednn: list[PackedWeight], gen: torch.Generator) -> None:
+    count = len(LAYER_SHAPES)
+    print(f"bf16, {args.threads} threads, each matrix over its {LAYERS} layers' weights; "
+          "TFLOP/s (the model's linear takes the starred one)")
+    for rows in (int(r) for r in (args.rows or "128,512,1024,2048").split(",")):
+        for i, (n, k) in enumerate(LAYER_SHAPES):
+            x = torch.randn(rows, k, generator=gen).bfloat16()
+            ws, packs = weights[i::count], onednn[i::count]
+            with torch.inference_mode():
+                base = best_seconds(lambda x=x, packs=packs: [p(x, None) for p in packs],
+                                    args.repeats)
+                amx = best_seconds(lambda x=x, ws=ws: [
+                    dense_amx.dense_amx_linear(x, w, None) for w in ws], args.repeats)
+            tflop = 2 * rows * n * k * LAYERS / 1e12
+            kernel = dense_amx.applies_many(x, ws[0])
+            print(f"rows {rows:5d} {n:5d}x{k:<5d}: oneDNN {tflop / base:5.2f}{' ' if kernel else '*'}"
+                  f" kernel {tflop / amx:5.2f}{'*' if kernel else ' '}  oneDNN / kernel "
+                  f"{base / amx:.2f}", flush=True)
 
 
 if __name__ == "__main__":

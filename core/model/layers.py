@@ -73,7 +73,8 @@ def _dense_linear(
     streaming kernel (`plugserve.kernels.skinny_linear`: float32 and bf16); for a few dozen
     float32 rows the kernel that streams the weight while it multiplies
     (`plugserve.kernels.panel_gemm`), and for a decode batch's rows in bf16 on AMX the AMX
-    kernel (`plugserve.kernels.dense_amx`); for more, a weight
+    kernel (`plugserve.kernels.dense_amx`, also for a prefill's rows where the weight is
+    small); for more, a weight
     packed once for the CPU's GEMM library where it multiplies the dtype natively
     (`plugserve.kernels.packed_linear`), or the kernel that reads half-precision weights as
     they are where it does not (`plugserve.kernels.widening_gemm`)."""
@@ -88,7 +89,7 @@ def _dense_linear(
         out = skinny.skinny_linear(x, weight, bias)
     elif panel.applies(x, weight):
         out = panel.panel_gemm(x, weight, bias)
-    elif dense_amx.applies(x, weight):
+    elif dense_amx.applies(x, weight) or dense_amx.applies_many(x, weight):
         out = dense_amx.dense_amx_linear(x, weight, bias)
     elif widening.applies(x, weight):
         out = widening.widening_gemm(x, weight, bias)

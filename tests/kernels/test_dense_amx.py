@@ -5,7 +5,9 @@ linear then uses."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -71,6 +73,62 @@ def test_matches_float64_within_bf16(rows: int, out: int, cols: int, bias: bool)
 
 
 @pytest.mark.usefixtures("kernel_isa")
+@pytest.mark.parametrize(("rows", "out", "cols", "bias"), [
+    # Past MAX_ROWS the rows go in panels, an equal number per thread: one panel of 97 rows
+    # per thread at most 2 threads, a partial last block (tail of 1), panels of 256 rows
+    # (1,024 = 2 x 2 x 256), a tail of 31 in the last panel, a strip tail (N = 70).
+    (97, 64, 64, True),
+    (128, 70, 96, False),
+    (300, 96, 576, True),
+    (511, 40, 160, False),
+    (1024, 96, 64, True),
+    (1055, 64, 32, False),
+])
+def test_panels_of_many_rows_match_float64_within_bf16(rows: int, out: int, cols: int,
+                                                      bias: bool) -> None:
+    _skip_without_amx()
+    x, w, b = _inputs(rows, out, cols, bias, seed=rows + out)
+    results = []
+    for threads in (1, 2, 3):
+        with _threads(threads):
+            results.append(dense_amx.dense_amx_linear(x, w, b))
+        _check(results[-1], x, w, b)
+    # Each output element is one tile's sums over K in the same order, whatever the panels:
+    # bit-equal across thread counts, and with x's rows further apart than its columns.
+    assert all(torch.equal(r, results[0]) for r in results[1:])
+    wide = torch.cat([x, torch.ones_like(x)], dim=1)[:, :cols]
+    assert torch.equal(dense_amx.dense_amx_linear(wide, w, b), results[0])
+
+
+@contextlib.contextmanager
+def _threads(count: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.usefixtures("kernel_isa")
+def test_a_prefill_chunk_takes_the_panels_only_for_a_small_weight() -> None:
+    x, w, b = _inputs(dense_amx.MAX_ROWS + 40, 64, 64, True, seed=5)
+    with torch.inference_mode():
+        out = linear(x, w, b)
+    big = torch.zeros(dense_amx.PANEL_MAX_WEIGHT_BYTES // 2 // 64 + 32, 64, dtype=torch.bfloat16)
+    assert not dense_amx.applies_many(x, big)  # past the bytes that stay in L2
+    assert not dense_amx.applies(x, w)  # the decode-batch range ends at MAX_ROWS
+    too_many = x.new_zeros(dense_amx.PANEL_MAX_ROWS + 1, 64)
+    assert not dense_amx.applies_many(too_many, w)
+    if dense_amx.amx_usable():
+        assert dense_amx.applies_many(x, w)
+        assert torch.equal(out, dense_amx.dense_amx_linear(x, w, b))
+        _check(out, x, w, b)
+    else:
+        assert not dense_amx.applies_many(x, w)
+
+
+@pytest.mark.usefixtures("kernel_isa")
 def test_the_model_linear_takes_amx_where_it_runs_and_onednn_elsewhere() -> None:
     # Every ISA copy: the avx512_bf16 one with AMX takes the kernel, the others (as a CPU
     # without AMX) keep oneDNN's pack, bit for bit F.linear's bf16 path.
@@ -94,6 +152,7 @@ def test_switched_off_or_out_of_range_keeps_onednn(monkeypatch: pytest.MonkeyPat
     x, w, b = _inputs(dense_amx.MIN_ROWS, 64, 64, True, seed=4)
     monkeypatch.setattr(dense_amx, "_ENABLED", False)
     assert not dense_amx.applies(x, w)
+    assert not dense_amx.applies_many(x.repeat(dense_amx.MAX_ROWS, 1), w)
     pack = onednn_packed(w)
     if pack is not None:
         with torch.inference_mode():
@@ -101,6 +160,7 @@ def test_switched_off_or_out_of_range_keeps_onednn(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(dense_amx, "_ENABLED", True)
     few, many = x[: dense_amx.MIN_ROWS - 1], x.repeat(dense_amx.MAX_ROWS, 1)
     assert not dense_amx.applies(few, w) and not dense_amx.applies(many, w)
+    assert not dense_amx.applies_many(many[:0], w)  # no rows
     assert not dense_amx.applies(x.float(), w.float())
     assert not dense_amx.applies(x[:, :48], w[:, :48])  # 48 input features: not 32-aligned
 
