@@ -54,6 +54,26 @@ constexpr int64_t kTileGroup = 64;  // keys per pass of the four C tiles over th
 constexpr int64_t kChunk = 32;      // bf16 values along the product's K per A tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// n zeroed values of T at a 64-byte aligned address, with std::vector's begin / end / [].
+template <typename T>
+class Aligned {
+ public:
+  explicit Aligned(int64_t n)
+      : n_(n), p_(static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64))) {
+    std::memset(static_cast<void*>(p_.get()), 0, n * sizeof(T));
+  }
+  T* begin() { return p_.get(); }
+  T* end() { return p_.get() + n_; }
+  T& operator[](int64_t i) { return p_.get()[i]; }
+
+ private:
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  int64_t n_;
+  std::unique_ptr<T, Free> p_;
+};
+
 struct Shape : PrefillShape {
   using PrefillShape::PrefillShape;
   int64_t padded = 0;  // keys in each pack: a whole block past the last 16-key tile (zeros)
@@ -251,11 +271,13 @@ void attend(const PrefillArgs& a, const Shape& s, const BF16* kpack, const BF16*
   const float c = s.scale * 1.4426950408889634f;  // scores to base-2 exponents
   at::parallel_for(0, s.kv_heads * s.blocks, 1, [&](int64_t begin, int64_t end) {
     amx::configure_tiles();
-    std::vector<BF16> q(G * kRows * D);
+    // The operands of tile loads and stores 64-byte aligned: a tile row that straddles two
+    // cache lines costs about twice the time.
+    Aligned<BF16> q(G * kRows * D);
     // Per head of the group: accumulators, the last block's P.V, scores, probabilities.
-    std::vector<float> o(G * kRows * D), pv(G * kRows * D), row_max(G * kRows), row_sum(G * kRows);
-    std::vector<float> scores(G * kRows * kBlockKeys);
-    std::vector<uint16_t> prob(G * kRows * kBlockKeys);
+    Aligned<float> o(G * kRows * D), pv(G * kRows * D), row_max(G * kRows), row_sum(G * kRows);
+    Aligned<float> scores(G * kRows * kBlockKeys);
+    Aligned<uint16_t> prob(G * kRows * kBlockKeys);
     const BF16* q_in = static_cast<const BF16*>(a.q);
     BF16* out = static_cast<BF16*>(a.out);
     for (int64_t task = begin; task < end; ++task) {
