@@ -16,7 +16,8 @@
 // in vector lanes, so its rounding differs from torch's by an ulp or so of float32).
 //
 // These are plain loops (`omp simd`) the compiler vectorises for each ISA's flags: the same
-// source is the AVX2, AVX-512 and scalar copy. Rows run in parallel.
+// source is the AVX2, AVX-512 and scalar copy. Rows run in parallel. One exception: bf16
+// SiLU * up in the AVX512-BF16 copy (silu_mul_row_bf16, within one bf16 ulp of the above).
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -112,6 +113,58 @@ void add_rms_norm_rows(const NormArgs& a) {
   });
 }
 
+#if defined(__AVX512BF16__)
+// bf16 on a CPU with AVX512-BF16, whose result is rounded to bf16 (8 bits) twice: cheaper
+// steps whose float32 errors stay far below that rounding, 1.4-1.7x faster than the plain loop
+// (which emulates each rounding in integer steps and divides). e^-g as 2^(-g log2 e) with the
+// product's rounding error carried (vec::exp2, 2e-7 relative), the division as a reciprocal
+// estimate refined by one Newton step (~2 float32 ulps), each rounding to bf16 one
+// instruction (vcvtneps2bf16: to nearest even as c10, but a subnormal value becomes zero; a
+// NaN stays a NaN, its payload may differ). Over every bf16 gate value the rounded SiLU
+// equals torch's except subnormal SiLU values (zero here) and g = 5.9375, whose exact value
+// lies 1.5e-6 above a rounding midpoint (rounded up here, down by torch's float32 steps).
+inline void silu_mul_row_bf16(const BF16* __restrict gate, const BF16* __restrict up,
+                              BF16* __restrict o, int64_t width) {
+  const auto widen = [](__m256bh v) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(v)), 16));
+  };
+  const __m512 minus_log2e = _mm512_set1_ps(-1.44269504088896341f);
+  const __m512 minus_log2e_lo = _mm512_set1_ps(-1.925963033500011e-08f);
+  const __m512 ln2 = _mm512_set1_ps(0.693147180559945309f);
+  int64_t d = 0;
+  for (; d + kWidth <= width; d += kWidth) {
+    const F g = load(gate + d);
+    // -g log2 e as a float32 sum hi + lo (the product's rounding error recovered by an FMA,
+    // log2 e's own in minus_log2e_lo), and 2^(hi + lo) = 2^hi (1 + lo ln 2) (an infinite
+    // 2^hi times that finite factor stays infinite).
+    // (g clamped to +-150, where e^-g is already 0 or past float32's range: no inf - inf.)
+    const __m512 gc = _mm512_min_ps(_mm512_max_ps(g, _mm512_set1_ps(-150.f)),
+                                    _mm512_set1_ps(150.f));
+    const __m512 hi = _mm512_mul_ps(gc, minus_log2e);
+    const __m512 lo = _mm512_fmadd_ps(gc, minus_log2e_lo, _mm512_fmsub_ps(gc, minus_log2e, hi));
+    const __m512 one = _mm512_set1_ps(1.f);
+    const __m512 den = _mm512_fmadd_ps(exp2(F(hi)), _mm512_fmadd_ps(lo, ln2, one), one);
+    __m512 q;
+    if (_mm512_cmp_ps_mask(den, _mm512_set1_ps(0x1p120f), _CMP_GE_OQ) == 0) {
+      __m512 r = _mm512_rcp14_ps(den);
+      r = _mm512_mul_ps(r, _mm512_fnmadd_ps(den, r, _mm512_set1_ps(2.f)));
+      q = _mm512_mul_ps(g, r);
+    } else {  // g below about -83 in some lane: 1 / den near or past the subnormals
+      q = _mm512_div_ps(g, den);
+    }
+    const __m512 s = widen(_mm512_cvtneps_pbh(q));
+    const __m256bh out = _mm512_cvtneps_pbh(_mm512_mul_ps(s, load(up + d)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d), reinterpret_cast<__m256i>(out));
+  }
+  for (; d < width; ++d) {
+    const float g = to_float(gate[d]);
+    const float s = round_to<BF16>(g / (1.f + exp_f32(-g)));
+    o[d] = from_float<BF16>(s * to_float(up[d]));
+  }
+}
+#endif
+
 template <typename T>
 void silu_mul_rows(const SiluMulArgs& a) {
   const T* in = static_cast<const T*>(a.gate_up);
@@ -122,6 +175,12 @@ void silu_mul_rows(const SiluMulArgs& a) {
       const T* __restrict gate = in + a.rows_layout.offset(i);
       const T* __restrict up = gate + width;
       T* __restrict o = out + i * width;
+#if defined(__AVX512BF16__)
+      if constexpr (std::is_same_v<T, BF16>) {
+        silu_mul_row_bf16(gate, up, o, width);
+        continue;
+      }
+#endif
 #pragma omp simd
       for (int64_t d = 0; d < width; ++d) {
         const float g = to_float(gate[d]);
