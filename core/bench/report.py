@@ -46,6 +46,13 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     if name in ("throughput", "prefill") and "prompt_tokens" in work:
         _say(console, f"workload tokens: {work['prompt_tokens']:,} prompt, "
                       f"{work['output_tokens']:,} output")
+    iterations = [(run["name"], run["iteration_seconds"]) for run in report["runs"]
+                  if run.get("iteration_seconds")]
+    if report.get("vllm") and report["vllm"].get("iteration_seconds") and iterations:
+        iterations.append(("vLLM", report["vllm"]["iteration_seconds"]))
+    if iterations:
+        _say(console, "each run is the median of its timings (s): " + "; ".join(
+            f"{label} {', '.join(f'{t:.3f}' for t in times)}" for label, times in iterations))
     if report.get("gemm") is not None:
         gemm_line(report["gemm"], console)
     hf = report.get("transformers")

@@ -66,6 +66,7 @@ class Measured:
     seconds: float
     counters: dict[str, int]  # engine counter deltas (steps, prefill_tokens, ...)
     step_time_s: dict[str, float]  # phase-time deltas
+    iteration: int = 0  # a further timing of the same run on new prompts (bench prefill)
 
     def metrics(self, spec: bool | None = None) -> dict[str, Any]:
         """Throughput, latency and step-time figures of this run (JSON-ready), and the
@@ -178,8 +179,10 @@ class Runner:
         chat: bool = False,
         concurrency: int | None = None,
         cold_cache: bool = True,
+        iteration: int = 0,
     ) -> Measured:
-        """Run the requests to completion and time them; each must give all its tokens."""
+        """Run the requests to completion and time them; each must give all its tokens.
+        `iteration` > 0 marks a further timing of run `label` (on new prompts)."""
         if cold_cache:
             engine.kv.cache.reset()  # start from an empty prefix cache (the engine is idle)
         before = engine.stats()
@@ -206,7 +209,7 @@ class Runner:
             k: float(v) - float(step_before.get(k, 0.0))
             for k, v in after.get("step_time_s", {}).items()
         }
-        result = Measured(label, reqs, seconds, counters, step_time)
+        result = Measured(label, reqs, seconds, counters, step_time, iteration)
         self.measured.append(result)
         return result
 

@@ -9,6 +9,7 @@ All requests are submitted at once to one engine with the command's configuratio
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -125,10 +126,14 @@ def run(
 def run_workload(
     runner: Runner, header: dict[str, Any], workload: Workload, comparison: Comparison | None,
     warm_prompt: list[int] | None = None, structured: str = "none",
+    more_iterations: Sequence[Workload] = (),
 ) -> dict[str, Any]:
     """Every request of `workload` submitted at once to one engine with the command's
     configuration, then the comparison (if any) on the same prompts. `warm_prompt`, when
-    given, is generated (one token) before the timed run, after the usual short warm-up."""
+    given, is generated (one token) before the timed run, after the usual short warm-up.
+    `more_iterations` (workloads of the same lengths) are timed after it the same way; the
+    run reported is then the median of all (`iteration_seconds` lists each), and vLLM runs
+    the same iterations (`--compare transformers` times the first one's prompts only)."""
     from plugserve.sampling import SamplingParams
 
     report = new_report(
@@ -153,11 +158,20 @@ def run_workload(
             engine.generate([[t % vocab for t in warm_prompt]],
                             SamplingParams(max_new_tokens=1, ignore_eos=True))
         measured = runner.measure(engine, "plugserve", work.prompts, params)
-        metrics = measured.metrics()
+        vocab = int(engine.arch.vocab_size)
+        iterations = [measured] + [
+            runner.measure(engine, "plugserve", more.within_vocab(vocab).prompts, params,
+                           iteration=i)
+            for i, more in enumerate(more_iterations, start=1)
+        ]
+        median = sorted(iterations, key=lambda m: m.seconds)[(len(iterations) - 1) // 2]
+        metrics = median.metrics()
         # The workload's share of the machine's GEMM peak, measured now, on this engine.
         report["gemm"] = gemm_share(engine, [len(p) for p in work.prompts], work.max_new,
                                     float(metrics["seconds"]))
     run_doc = {**metrics, "settings": {}}
+    if more_iterations:
+        run_doc["iteration_seconds"] = [m.seconds for m in iterations]
     if grammar is not None:
         run_doc["grammar_mask"] = grammar_mask_figures(measured)
     report["runs"].append(run_doc)

@@ -72,12 +72,16 @@ class VllmComparison:
             raise VllmError("--compare vllm: the workload timed no engine run to compare with")
         first = measured[0]
         max_new = [len(out) for out in first.outputs]  # check_complete: exactly max_new
-        result = self.run(runner, first.prompts, max_new)
+        rounds = [m.prompts for m in measured if m.iteration > 0 and m.label == first.label]
+        result = self.run(runner, first.prompts, max_new, rounds)
         result["reference_run"] = first.label
         return result
 
     def run(self, runner: Runner, prompts: Sequence[Sequence[int]],
-            max_new: Sequence[int]) -> dict[str, Any]:
+            max_new: Sequence[int], rounds: Sequence[Sequence[Sequence[int]]] = ()
+            ) -> dict[str, Any]:
+        """vLLM on `prompts`; each of `rounds` (further prompt sets of the same lengths) is
+        timed after it, and the median of all is then the figure (`iteration_seconds`)."""
         from plugserve.bench.hf import hf_model_dir
 
         config = runner.config
@@ -86,6 +90,7 @@ class VllmComparison:
             "dtype": str(config.dtype),
             "prompts": [list(map(int, p)) for p in prompts],
             "max_new": [int(n) for n in max_new],
+            "rounds": [[list(map(int, p)) for p in r] for r in rounds],
             "first_tokens": self.first_tokens,
             "gpu_memory_utilization": 0.5,
             "seed": 0,
@@ -188,7 +193,9 @@ def add_vllm_comparison(report: dict[str, Any], result: dict[str, Any],
     rate = result.get("output_tok_per_s")
     reference = next((m for m in measured if m.label == result.get("reference_run")), None)
     prompts = reference.prompts if reference is not None else None
-    by_label = {m.label: m for m in measured}
+    by_label: dict[str, Measured] = {}
+    for m in measured:  # a run's first timing (its further iterations had other prompts)
+        by_label.setdefault(m.label, m)
     for run in report["runs"]:
         mine = run.get("output_tok_per_s")
         run["vs_vllm"] = mine / rate if mine and rate else None

@@ -6,18 +6,21 @@ library and vLLM. It reads one JSON workload on stdin:
 
     {"model": HF folder, "dtype": "float32" | "bfloat16" | "float16",
      "prompts": [[token ids], ...], "max_new": [int, ...], "first_tokens": 32,
-     "max_model_len": int, "seed": 0}
+     "max_model_len": int, "seed": 0, "rounds": [[[token ids], ...], ...] (optional)}
 
 and prints one JSON result on stdout:
 
-    {"requests", "prompt_tokens", "output_tokens", "seconds", "output_tok_per_s",
+    {"requests", "prompt_tokens", "output_tokens", "seconds", "iteration_seconds",
+     "output_tok_per_s",
      "prefill_seconds", "load_seconds", "first_tokens": [[the first greedy ids], ...],
      "vllm_version", "torch_version", "env": {VLLM_CPU_*, OMP_NUM_THREADS, LD_PRELOAD}}
 
 Greedy (temperature 0), EOS ignored, exactly `max_new[i]` tokens per request, no
 detokenization, all requests in one `generate` call (vLLM schedules them itself), after a
 warm-up request. `prefill_seconds` times one more `generate` of every prompt with one output
-token (prefix cache emptied first): the prefill of the whole workload.
+token (prefix cache emptied first): the prefill of the whole workload. Each of `rounds`
+(other prompts of the same lengths, `bench prefill --num-iters`) is timed after it the same
+way; `seconds` is then the median of the timings (`iteration_seconds`, the first run's first).
 
 Everything vLLM writes (its logs go to stdout by default, and so do its worker processes)
 is sent to stderr: the result is the only thing on stdout. Exit codes: 0 done, 3 vLLM is
@@ -118,12 +121,23 @@ def run(work: dict[str, Any]) -> dict[str, Any]:
     llm.generate(token_prompts(prompts), params(1), use_tqdm=False)
     prefill_seconds = time.perf_counter() - start
 
+    # Further timings on other prompts of the same lengths: the median of all is the figure.
+    iteration_seconds = [seconds]
+    for round_prompts in work.get("rounds") or []:
+        _reset_prefix_cache(llm)
+        start = time.perf_counter()
+        llm.generate(token_prompts([[int(t) for t in p] for p in round_prompts]),
+                     [params(n) for n in max_new], use_tqdm=False)
+        iteration_seconds.append(time.perf_counter() - start)
+    seconds = sorted(iteration_seconds)[(len(iteration_seconds) - 1) // 2]
+
     output_tokens = sum(len(ids) for ids in produced)
     return {
         "requests": len(prompts),
         "prompt_tokens": sum(len(p) for p in prompts),
         "output_tokens": output_tokens,
         "seconds": seconds,
+        "iteration_seconds": iteration_seconds,
         "output_tok_per_s": output_tokens / seconds if seconds > 0 else None,
         "prefill_seconds": prefill_seconds,
         "load_seconds": load_seconds,

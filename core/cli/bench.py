@@ -178,7 +178,8 @@ def bench_command(
         int | None, typer.Option(help="latency: sequences in the batch (default 1).")
     ] = None,
     num_iters: Annotated[
-        int | None, typer.Option(help="latency: timed iterations (default 3).")
+        int | None, typer.Option(help="latency: timed iterations (default 3); prefill: timed "
+                                 "prefills, each of new prompts, the median reported (default 1).")
     ] = None,
     num_iters_warmup: Annotated[
         int | None, typer.Option(help="latency: untimed iterations first (default 1).")

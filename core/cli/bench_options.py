@@ -13,7 +13,7 @@ from plugserve.cli.errors import UsageError
 WORKLOAD_OPTIONS: dict[str, tuple[str, ...]] = {
     # workload -> its own options (each refused by the others)
     "throughput": ("num_seqs", "max_input_len", "max_output_len", "seed", "structured"),
-    "prefill": ("num_seqs", "input_len", "seed"),
+    "prefill": ("num_seqs", "input_len", "num_iters", "seed"),
     "shared-prefix": (
         "groups", "prompts_per_group", "prefix_len", "question_len", "output_len", "seed",
     ),

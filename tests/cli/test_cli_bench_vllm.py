@@ -273,6 +273,30 @@ def test_bench_against_vllm_and_transformers(
     print_report(report)
 
 
+def test_prefill_iterations_median_on_both_sides(
+    cli: Callable[..., Any], tiny_model_dir: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # --num-iters 3: three timed prefills of new prompts on each side, the median reported.
+    python = make_interpreter(tmp_path / "venv")
+    run = cli("bench", "prefill", "--model", str(tiny_model_dir), "--input-len", "24",
+              "--num-iters", "3", "--compare", "vllm", "--vllm-python", str(python), "--json",
+              env={"PLUGSERVE_PLUGINS": ""})
+    assert run.exit_code == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["workload"]["num_iters"] == 3
+    (engine,), vllm = report["runs"], report["vllm"]
+    for times, median in ((engine["iteration_seconds"], engine["seconds"]),
+                          (vllm["iteration_seconds"], vllm["seconds"])):
+        assert len(times) == 3 and median == sorted(times)[1]
+    assert engine["engine_counters"]["prefill_tokens"] == 24  # one iteration's work
+    assert engine["vs_vllm"] == pytest.approx(engine["output_tok_per_s"]
+                                              / vllm["output_tok_per_s"])
+    assert engine["vllm_agreement"]["requests_identical"] == 1  # the first iteration's prompt
+    print_report(report)
+    assert "each run is the median of its timings (s): plugserve " in capsys.readouterr().out
+
+
 def test_driver_failure_is_one_line_with_its_log(
     cli: Callable[..., Any], tiny_model_dir: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

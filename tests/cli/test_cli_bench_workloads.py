@@ -189,9 +189,11 @@ def test_spec(cli: Callable[..., Any], tiny_model_dir: Path, head_dir: Path, tmp
         (["bench", "--groups", "2"], "error: --groups does not apply to bench throughput"),
         (["bench", "prefill", "--max-input-len", "64"],
          "error: --max-input-len does not apply to bench prefill; its options: --num-seqs, "
-         "--input-len, --seed"),
+         "--input-len, --num-iters, --seed"),
         (["bench", "prefill", "--input-len", "0"],
          "error: invalid benchmark options: input_len must be >= 1, got 0"),
+        (["bench", "prefill", "--num-iters", "0"],
+         "error: invalid benchmark options: num_iters must be >= 1, got 0"),
         (["bench", "shared-prefix", "--prefix-len", "0"],
          "error: invalid benchmark options: prefix_len must be >= 1, got 0"),
         (["bench", "spec", "--model", "/nonexistent-model"],
