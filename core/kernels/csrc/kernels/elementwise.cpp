@@ -59,6 +59,19 @@ template <typename T>
 inline void scale_row(const T* __restrict x, const T* __restrict w, T* __restrict out,
                       int64_t n, float sum, float eps, bool unit_offset) {
   const float r = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
+#if defined(__AVX512BF16__)
+  // bf16 with AVX512-BF16: the roundings as one instruction each (round_bf16), the plain
+  // loop below only for the last n % 16 values.
+  if constexpr (std::is_same_v<T, BF16>) {
+    const F vr(r), one(1.f);
+    const int64_t whole = n / kWidth * kWidth;
+    for (int64_t d = 0; d < whole; d += kWidth) {
+      const F xv = load(x + d), wv = load(w + d);
+      store_bf16(out + d, unit_offset ? xv * vr * (one + wv) : wv * round_bf16(xv * vr));
+    }
+    x += whole, w += whole, out += whole, n -= whole;
+  }
+#endif
   if (unit_offset) {
 #pragma omp simd
     for (int64_t d = 0; d < n; ++d) {
@@ -125,10 +138,6 @@ void add_rms_norm_rows(const NormArgs& a) {
 // lies 1.5e-6 above a rounding midpoint (rounded up here, down by torch's float32 steps).
 inline void silu_mul_row_bf16(const BF16* __restrict gate, const BF16* __restrict up,
                               BF16* __restrict o, int64_t width) {
-  const auto widen = [](__m256bh v) {
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(v)), 16));
-  };
   const __m512 minus_log2e = _mm512_set1_ps(-1.44269504088896341f);
   const __m512 minus_log2e_lo = _mm512_set1_ps(-1.925963033500011e-08f);
   const __m512 ln2 = _mm512_set1_ps(0.693147180559945309f);
@@ -153,9 +162,7 @@ inline void silu_mul_row_bf16(const BF16* __restrict gate, const BF16* __restric
     } else {  // g below about -83 in some lane: 1 / den near or past the subnormals
       q = _mm512_div_ps(g, den);
     }
-    const __m512 s = widen(_mm512_cvtneps_pbh(q));
-    const __m256bh out = _mm512_cvtneps_pbh(_mm512_mul_ps(s, load(up + d)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d), reinterpret_cast<__m256i>(out));
+    store_bf16(o + d, round_bf16(F(q)) * load(up + d));
   }
   for (; d < width; ++d) {
     const float g = to_float(gate[d]);
@@ -208,8 +215,18 @@ void rope_rows(const RopeArgs& a) {
       T* __restrict pb = pa + half;
       const T* __restrict c = cos + t * a.cos_stride;
       const T* __restrict s = sin + t * a.sin_stride;
+      int64_t d0 = 0;
+#if defined(__AVX512BF16__)
+      if constexpr (std::is_same_v<T, BF16>) {  // the roundings as one instruction each
+        for (; d0 + kWidth <= half; d0 += kWidth) {
+          const F av = load(pa + d0), bv = load(pb + d0), cv = load(c + d0), sv = load(s + d0);
+          store_bf16(pa + d0, round_bf16(av * cv) - round_bf16(bv * sv));
+          store_bf16(pb + d0, round_bf16(bv * cv) + round_bf16(av * sv));
+        }
+      }
+#endif
 #pragma omp simd
-      for (int64_t d = 0; d < half; ++d) {
+      for (int64_t d = d0; d < half; ++d) {
         const float av = to_float(pa[d]), bv = to_float(pb[d]);
         const float cv = to_float(c[d]), sv = to_float(s[d]);
         pa[d] = from_float<T>(round_to<T>(av * cv) - round_to<T>(bv * sv));

@@ -154,6 +154,20 @@ inline void store_n(T* p, F v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) p[i] = from_float<T>(tmp[i]);
 }
 
+#if defined(__AVX512BF16__)
+// bf16 roundings in one instruction each (vcvtneps2bf16: to nearest even, as c10's
+// conversion, except that a subnormal value becomes zero and a NaN's payload may differ).
+inline F widen_bf16(__m256bh v) {
+  return F(_mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(v)), 16)));
+}
+inline F round_bf16(F v) { return widen_bf16(_mm512_cvtneps_pbh(v)); }
+inline void store_bf16(BF16* p, F v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+}
+#endif
+
 // Horizontal sum and max (ATen's generic reduce_add does not compile in the scalar copy).
 inline float hsum(F v) {
 #if defined(CPU_CAPABILITY_AVX512)
