@@ -5,9 +5,7 @@ linear then uses."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ from plugserve.kernels import compile as compile_mod
 from plugserve.kernels import isa as isa_mod
 from plugserve.kernels.packed_linear import packed as onednn_packed
 from plugserve.model.layers import linear
+from plugserve.testing.conformance.threads import cpu_threads
 
 BF16_EPS = float(torch.finfo(torch.bfloat16).eps)
 
@@ -90,7 +89,7 @@ def test_panels_of_many_rows_match_float64_within_bf16(rows: int, out: int, cols
     x, w, b = _inputs(rows, out, cols, bias, seed=rows + out)
     results = []
     for threads in (1, 2, 3):
-        with _threads(threads):
+        with cpu_threads(threads):
             results.append(dense_amx.dense_amx_linear(x, w, b))
         _check(results[-1], x, w, b)
     # Each output element is one tile's sums over K in the same order, whatever the panels:
@@ -98,16 +97,6 @@ def test_panels_of_many_rows_match_float64_within_bf16(rows: int, out: int, cols
     assert all(torch.equal(r, results[0]) for r in results[1:])
     wide = torch.cat([x, torch.ones_like(x)], dim=1)[:, :cols]
     assert torch.equal(dense_amx.dense_amx_linear(wide, w, b), results[0])
-
-
-@contextlib.contextmanager
-def _threads(count: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.usefixtures("kernel_isa")

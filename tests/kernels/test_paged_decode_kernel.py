@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from plugserve.kernels import paged_decode as pd
+from plugserve.testing.conformance.threads import cpu_threads
 
 pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
 
@@ -97,12 +98,8 @@ def test_long_rows_split_between_threads(
 ) -> None:
     """The keys of all rows are cut into one piece per thread, so a row's keys can be split
     between threads and their partial softmaxes merged: the same as the reference."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with cpu_threads(threads):
         case = _case(dtype, 9, 3, 64, [1500, 3, 700, 1], window, seed=threads)
         out = pd.paged_decode(*case, scale=0.125)
-    finally:
-        torch.set_num_threads(before)
     ref = pd.reference(*case, scale=0.125)
     torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=0)
