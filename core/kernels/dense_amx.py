@@ -11,8 +11,9 @@ the tiles multiply the current one; float32 sums, the output (+ bias) rounded to
 It runs where the CPU has AMX-BF16, the OS grants this process the tile state and the
 kernels' `avx512_bf16` copy is in use with the AMX flags (`amx_usable()`), for bf16 x and
 weight with `MIN_ROWS` .. `MAX_ROWS` rows (`applies`) or up to `PANEL_MAX_ROWS` rows and a
-weight of at most `PANEL_MAX_WEIGHT_BYTES` (`applies_many`), and input features a multiple of 32; everywhere
-else (`PLUGSERVE_DENSE_AMX=0` too) `plugserve.model.layers.linear` keeps oneDNN. The pack
+weight of at most `PANEL_MAX_WEIGHT_BYTES` (`applies_many`), and input features a multiple
+of 32; everywhere else (`PLUGSERVE_DENSE_AMX=0` too) `plugserve.model.layers.linear` keeps
+oneDNN. The pack
 is cached per weight tensor and rebuilt when the weight is written in place. The reference
 is `F.linear` in float64 (tests/kernels/test_dense_amx.py); `benchmarks/dense_amx_speed.py`
 measures it against oneDNN.

@@ -16,8 +16,10 @@
 // in vector lanes, so its rounding differs from torch's by an ulp or so of float32).
 //
 // These are plain loops (`omp simd`) the compiler vectorises for each ISA's flags: the same
-// source is the AVX2, AVX-512 and scalar copy. Rows run in parallel. One exception: bf16
-// SiLU * up in the AVX512-BF16 copy (silu_mul_row_bf16, within one bf16 ulp of the above).
+// source is the AVX2, AVX-512 and scalar copy. Rows run in parallel. The exception: bf16 in
+// the AVX512-BF16 copy, where the norms' scaling, rope and SiLU * up round with one
+// instruction each (vec::round_bf16: subnormals become zero), and SiLU * up takes a cheaper
+// exp and reciprocal (silu_mul_row_bf16: within one bf16 ulp of the above).
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -145,9 +147,9 @@ inline void silu_mul_row_bf16(const BF16* __restrict gate, const BF16* __restric
   for (; d + kWidth <= width; d += kWidth) {
     const F g = load(gate + d);
     // -g log2 e as a float32 sum hi + lo (the product's rounding error recovered by an FMA,
-    // log2 e's own in minus_log2e_lo), and 2^(hi + lo) = 2^hi (1 + lo ln 2) (an infinite
-    // 2^hi times that finite factor stays infinite).
-    // (g clamped to +-150, where e^-g is already 0 or past float32's range: no inf - inf.)
+    // log2 e's own in minus_log2e_lo), and 2^(hi + lo) = 2^hi (1 + lo ln 2): an infinite 2^hi
+    // times that finite factor stays infinite. g is clamped to +-150 first, where e^-g is
+    // already 0 or past float32's range (no inf - inf in lo).
     const __m512 gc = _mm512_min_ps(_mm512_max_ps(g, _mm512_set1_ps(-150.f)),
                                     _mm512_set1_ps(150.f));
     const __m512 hi = _mm512_mul_ps(gc, minus_log2e);
