@@ -22,6 +22,7 @@ from plugserve.mem.build import KVSizeError, build_kv_memory
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
 from plugserve.model.weight_bytes import pack_bytes, weight_bytes
+from plugserve.model.weight_pages import place_on_huge_pages
 from plugserve.outputs import GenerateResult, StreamEvent, generate_result, group_result
 from plugserve.parallel.cross_check import TP_RANK1_SKIPS_FREE, CrossRankCheck, skip_one_free
 from plugserve.parallel.leader import LeaderScheduler
@@ -126,6 +127,9 @@ class Engine:
                             quantization=cfg.quantization,
                             quant_activations=cfg.quant_activations)
         self.model = loaded.model
+        # The weights on huge pages in one arena (CPU), before any kernel caches one.
+        self.weight_placement = (place_on_huge_pages(self.model)
+                                 if self.device.type == "cpu" else None)
         self.weight_bytes = weight_bytes(self.model)
         self.arch = loaded.arch
         rank_arch = loaded.rank_arch  # this rank's heads (all of them without TP)
