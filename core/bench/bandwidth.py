@@ -34,11 +34,12 @@ def measure_bandwidth(mib: int | None = None, repeats: int = 5) -> dict[str, flo
     1e9 bytes)."""
     import torch
 
-    from plugserve.model.weight_pages import huge_page_buffer
+    from plugserve.mem.huge_pages import huge_page_buffer
 
     n = (mib or BANDWIDTH_MIB) * 2**20 // 4
-    # On huge pages where the engine's weights are (plugserve.model.weight_pages): a 4 KiB
-    # page stream reads ~20% slower here, which would flatter every figure measured against it.
+    # On huge pages, as the engine's weights are (plugserve.mem.huge_pages): a stream over
+    # 4 KiB pages read ~20% slower on the machine measured, which would flatter every figure
+    # measured against it.
     src_bytes, dst_bytes = huge_page_buffer(4 * n), huge_page_buffer(4 * n)
     if src_bytes is not None and dst_bytes is not None:
         src, dst = src_bytes.view(torch.float32).fill_(1.0), dst_bytes.view(torch.float32)

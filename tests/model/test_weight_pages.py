@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from plugserve.mem import huge_pages
 from plugserve.model import weight_pages
 from plugserve.model.quant_weight import WeightHolder
 from plugserve.sampling import SamplingParams
@@ -27,10 +28,8 @@ from .conftest import tiny_hf_model, write_tiny_gguf
 PROMPTS = random_prompts(3, 256, 4, 24, seed=31)
 MAX_NEW = [10, 5, 14]
 
-needs_thp = pytest.mark.skipif(
-    weight_pages.thp_setting() in (None, "never") or weight_pages._libc() is None,
-    reason="no transparent huge pages on this system",
-)
+needs_thp = pytest.mark.skipif(not huge_pages.available(),
+                               reason="no transparent huge pages on this system")
 
 
 def _sampling() -> list[SamplingParams]:
@@ -65,10 +64,10 @@ class TestWeightPages(EngineTest):
     ) -> None:
         hf = tiny_hf_model("llama", tmp_path / "hf", seed=8)
         write_tiny_gguf(hf, tmp_path / "tiny.gguf", quant="Q4_1")
-        monkeypatch.setenv(weight_pages.ENV_SWITCH, "0")
+        monkeypatch.setenv(huge_pages.ENV_SWITCH, "0")
         unmoved, placement = self._greedy(model=str(tmp_path / "tiny.gguf"))
         assert placement.arena_bytes == 0 and "PLUGSERVE_HUGE_PAGES" in placement.reason
-        monkeypatch.delenv(weight_pages.ENV_SWITCH)
+        monkeypatch.delenv(huge_pages.ENV_SWITCH)
         _every_tiny_model_moves(monkeypatch)
         moved, placement = self._greedy(model=str(tmp_path / "tiny.gguf"))
         assert placement.arena_bytes > 0, placement.reason
@@ -108,7 +107,7 @@ def test_every_weight_lands_in_one_arena_with_its_values(
         # in 64-byte steps: every tensor starts on a cache line
         for p in model.parameters():
             if p.device.type == "cpu":
-                assert p.data_ptr() % weight_pages.ALIGN_BYTES == 0
+                assert p.data_ptr() % huge_pages.ALIGN_BYTES == 0
 
 
 def test_nothing_moves_when_switched_off_or_small_or_without_thp(
@@ -122,10 +121,10 @@ def test_nothing_moves_when_switched_off_or_small_or_without_thp(
     monkeypatch.setattr(weight_pages, "MIN_MODEL_BYTES", 1 << 40)
     assert weight_pages.place_on_huge_pages(model).arena_bytes == 0
     monkeypatch.setattr(weight_pages, "MIN_MODEL_BYTES", 0)
-    monkeypatch.setattr(weight_pages, "thp_setting", lambda: "never")
+    monkeypatch.setattr(huge_pages, "thp_setting", lambda: "never")
     placement = weight_pages.place_on_huge_pages(model)
     assert placement.arena_bytes == 0 and "never" in placement.reason
-    monkeypatch.setenv(weight_pages.ENV_SWITCH, "0")
+    monkeypatch.setenv(huge_pages.ENV_SWITCH, "0")
     assert weight_pages.place_on_huge_pages(model).arena_bytes == 0
     assert [p.data_ptr() for p in model.parameters()] == pointers
 
@@ -133,8 +132,8 @@ def test_nothing_moves_when_switched_off_or_small_or_without_thp(
 def test_thp_setting_and_smaps_are_read(tmp_path: Path) -> None:
     setting = tmp_path / "enabled"
     setting.write_text("always [madvise] never\n")
-    assert weight_pages.thp_setting(setting) == "madvise"
-    assert weight_pages.thp_setting(tmp_path / "missing") is None
+    assert huge_pages.thp_setting(setting) == "madvise"
+    assert huge_pages.thp_setting(tmp_path / "missing") is None
     smaps = tmp_path / "smaps"
     smaps.write_text(
         "7f0000000000-7f0000600000 rw-p 00000000 00:00 0\n"
@@ -146,7 +145,7 @@ def test_thp_setting_and_smaps_are_read(tmp_path: Path) -> None:
         "AnonHugePages:      1024 kB\n"
     )
     base = 0x7F0000000000
-    assert weight_pages.huge_bytes_at(base, 0x800000, smaps) == 6144 * 1024
-    assert weight_pages.huge_bytes_at(base + 0x100000, 0x100000, smaps) == 0x100000  # capped
-    assert weight_pages.huge_bytes_at(base + 0x900000, 0x10, smaps) == 16
-    assert weight_pages.huge_bytes_at(base, 16, tmp_path / "missing") is None
+    assert huge_pages.huge_bytes_at(base, 0x800000, smaps) == 6144 * 1024
+    assert huge_pages.huge_bytes_at(base + 0x100000, 0x100000, smaps) == 0x100000  # capped
+    assert huge_pages.huge_bytes_at(base + 0x900000, 0x10, smaps) == 16
+    assert huge_pages.huge_bytes_at(base, 16, tmp_path / "missing") is None
