@@ -51,8 +51,13 @@ inline void tile(const float* __restrict x, int64_t x_stride, const TW* const* w
   const TW* r2 = w_rows[2];
   const TW* r3 = w_rows[3];
   const int64_t full = K - K % kWidth;
+  // One prefetch per cache line of each row: a step of kWidth values covers a whole line
+  // only with 512-bit float32 vectors (a bf16 step on AVX2 is a quarter line; asking for
+  // the same line four times cost the AVX2 bf16 loop about a third of its instructions).
+  constexpr int64_t kLineValues = 64 / static_cast<int64_t>(sizeof(TW));
+  constexpr int64_t kLineMask = kWidth >= kLineValues ? 0 : kLineValues - 1;
   for (int64_t k = 0; k < full; k += kWidth) {
-    if (prefetch_stop != nullptr) {  // each row's line kPrefetchBytes on, within the share
+    if (prefetch_stop != nullptr && (k & kLineMask) == 0) {  // kPrefetchBytes on, in the share
       for (const TW* r : {r0, r1, r2, r3}) {
         const char* ahead = reinterpret_cast<const char*>(r + k) + kPrefetchBytes;
         if (ahead < prefetch_stop) prefetch_l2(ahead);
@@ -132,6 +137,121 @@ inline void tile_bf16_dot(const BF16* __restrict x, int64_t x_stride, const BF16
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < kRowsPerBlock; ++j) sums[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < n_valid; ++j) {
+      const float y = sums[i][j] + (bias != nullptr ? bias[n0 + j] : 0.0f);
+      out[i * out_stride + n0 + j] = from_float<BF16>(y);
+    }
+  }
+}
+#endif
+
+#if !defined(__AVX512BF16__) && (defined(CPU_CAPABILITY_AVX512) || defined(__AVX2__))
+#define PLUGSERVE_BF16_PAIRS 1
+// bf16 weights on copies without bf16 dot products: a vector's 32-bit lanes each hold a pair
+// of bf16 values, and the even one widened is the lane shifted left by 16, the odd one the
+// lane with its low half masked off. So one load and two integer operations widen a whole
+// vector of pairs, where widening half a vector at a time (vpmovzxwd and a shift per 8
+// values) took twice the instructions, which bound the AVX2 loop (~20 GB/s on two Xeon cores
+// against ~27 for float32 weights). x is permuted once per call to match: in each chunk of
+// kPairStep values, its even-indexed values first, then its odd-indexed ones.
+#if defined(CPU_CAPABILITY_AVX512)
+using PairVec = __m512;
+using PairBits = __m512i;
+inline PairBits load_pairs(const BF16* p) { return _mm512_loadu_si512(p); }
+inline PairVec even_values(PairBits v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+inline PairVec odd_values(PairBits v) {
+  return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+inline PairVec pair_load_x(const float* p) { return _mm512_loadu_ps(p); }
+inline PairVec pair_fma(PairVec a, PairVec b, PairVec c) { return _mm512_fmadd_ps(a, b, c); }
+inline PairVec pair_zero() { return _mm512_setzero_ps(); }
+inline float pair_sum(PairVec v) { return _mm512_reduce_add_ps(v); }
+#else
+using PairVec = __m256;
+using PairBits = __m256i;
+inline PairBits load_pairs(const BF16* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+inline PairVec even_values(PairBits v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+inline PairVec odd_values(PairBits v) {
+  return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+inline PairVec pair_load_x(const float* p) { return _mm256_loadu_ps(p); }
+inline PairVec pair_fma(PairVec a, PairVec b, PairVec c) { return _mm256_fmadd_ps(a, b, c); }
+inline PairVec pair_zero() { return _mm256_setzero_ps(); }
+inline float pair_sum(PairVec v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+#endif
+constexpr int64_t kPairLanes = static_cast<int64_t>(sizeof(PairVec) / 4);
+constexpr int64_t kPairStep = 2 * kPairLanes;  // bf16 values per vector of pairs
+
+// x [M, K] float32 with every whole chunk of kPairStep values permuted (evens, then odds);
+// the tail past the last whole chunk as it is.
+std::vector<float> pair_permuted(const float* x, int64_t M, int64_t K) {
+  std::vector<float> out(M * K);
+  const int64_t full = K - K % kPairStep;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + m * K;
+    float* dst = out.data() + m * K;
+    for (int64_t c = 0; c < full; c += kPairStep) {
+      for (int64_t i = 0; i < kPairLanes; ++i) {
+        dst[c + i] = row[c + 2 * i];
+        dst[c + kPairLanes + i] = row[c + 2 * i + 1];
+      }
+    }
+    for (int64_t k = full; k < K; ++k) dst[k] = row[k];
+  }
+  return out;
+}
+
+// The bf16 tile: MR rows of the permuted x times kRowsPerBlock bf16 weight rows.
+template <int MR>
+inline void tile_bf16_pairs(const float* __restrict x, int64_t x_stride,
+                            const BF16* const* w_rows, int64_t K, const float* bias, int64_t n0,
+                            int64_t n_valid, BF16* __restrict out, int64_t out_stride,
+                            const char* prefetch_stop) {
+  PairVec acc[MR][kRowsPerBlock];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < kRowsPerBlock; ++j) acc[i][j] = pair_zero();
+  constexpr int64_t kLineMask = kPairStep * 2 >= 64 ? 0 : 64 / 2 - 1;  // one prefetch a line
+  const int64_t full = K - K % kPairStep;
+  for (int64_t k = 0; k < full; k += kPairStep) {
+    if (prefetch_stop != nullptr && (k & kLineMask) == 0) {
+      for (int j = 0; j < kRowsPerBlock; ++j) {
+        const char* ahead = reinterpret_cast<const char*>(w_rows[j] + k) + kPrefetchBytes;
+        if (ahead < prefetch_stop) prefetch_l2(ahead);
+      }
+    }
+    PairBits w[kRowsPerBlock];
+#pragma GCC unroll 4
+    for (int j = 0; j < kRowsPerBlock; ++j) w[j] = load_pairs(w_rows[j] + k);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const PairVec xe = pair_load_x(x + i * x_stride + k);
+      const PairVec xo = pair_load_x(x + i * x_stride + k + kPairLanes);
+#pragma GCC unroll 4
+      for (int j = 0; j < kRowsPerBlock; ++j) {
+        acc[i][j] = pair_fma(xe, even_values(w[j]), acc[i][j]);
+        acc[i][j] = pair_fma(xo, odd_values(w[j]), acc[i][j]);
+      }
+    }
+  }
+  float sums[MR][kRowsPerBlock];  // constant indices only (see `tile`)
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < kRowsPerBlock; ++j) sums[i][j] = pair_sum(acc[i][j]);
+  for (int64_t k = full; k < K; ++k) {  // the tail, in x's own order
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < kRowsPerBlock; ++j)
+        sums[i][j] += x[i * x_stride + k] * to_float(w_rows[j][k]);
+  }
   for (int i = 0; i < MR; ++i) {
     for (int j = 0; j < n_valid; ++j) {
       const float y = sums[i][j] + (bias != nullptr ? bias[n0 + j] : 0.0f);
@@ -273,6 +393,20 @@ void skinny_linear(const SkinnyLinearArgs& a) {
 #else
   // x widened once (a few rows: it stays in cache), the weight as it streams.
   const std::vector<float> x32 = widen_rows(x, a.x_stride, a.M, a.K);
+#if defined(PLUGSERVE_BF16_PAIRS)
+  {
+    const std::vector<float> xp = pair_permuted(x32.data(), a.M, a.K);
+    share_blocks<BF16>(a.N, a.K, [&](int64_t begin, int64_t end, int64_t stop) {
+      run_share(xp.data(), a.K, w, a.bias, out, a.M, a.K, a.N, begin, end, stop,
+                [&](auto mr, const float* xr, const BF16* const* rows, int64_t n0,
+                    int64_t n_valid, BF16* o, const char* prefetch) {
+                  tile_bf16_pairs<decltype(mr)::value>(xr, a.K, rows, a.K, a.bias, n0,
+                                                       n_valid, o, a.N, prefetch);
+                });
+    });
+    return;
+  }
+#endif
   run_widened(x32.data(), a.K, w, a.bias, out, a.M, a.K, a.N);
 #endif
 }
