@@ -47,9 +47,12 @@ using namespace vec;
 using namespace paged;
 
 // A row costs its keys plus this many (loading q, storing the output) when the work is
-// cut into one piece per thread; no piece is smaller than kMinPiece keys.
+// cut into one piece per thread; no piece is smaller than kMinPiece keys. With 96 a single
+// row of up to ~180 keys ran on one thread: at batch 1 (us per call from Python, 2 threads,
+// float32 KV, benchmarks/paged_decode_speed.py --contiguous, two runs each) 32 took 1 x 140
+// keys 13.5-18.9 -> 10.7-11.0, 1 x 180 15.9-16.1 -> 12.6-12.7, 1 x 100 and 1 x 250 the same.
 constexpr int64_t kTaskCost = 8;
-constexpr int64_t kMinPiece = 96;
+constexpr int64_t kMinPiece = 32;
 
 // q rows of the queries' dtype as float32, and float32 results stored in it (a runtime
 // switch: the kernel itself is compiled once per cache type and head_dim, not per q type).
