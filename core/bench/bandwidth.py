@@ -34,10 +34,10 @@ def measure_bandwidth(mib: int | None = None, repeats: int = 5) -> dict[str, flo
     1e9 bytes)."""
     import torch
 
-    from plugserve.mem.huge_pages import huge_page_buffer
+    from plugserve.pools.huge_pages import huge_page_buffer
 
     n = (mib or BANDWIDTH_MIB) * 2**20 // 4
-    # On huge pages, as the engine's weights are (plugserve.mem.huge_pages): a stream over
+    # On huge pages, as the engine's weights are (plugserve.pools.huge_pages): a stream over
     # 4 KiB pages read ~20% slower on the machine measured, which would flatter every figure
     # measured against it.
     src_bytes, dst_bytes = huge_page_buffer(4 * n), huge_page_buffer(4 * n)

@@ -1,5 +1,5 @@
 """A model's CPU weights moved onto transparent huge pages, in one arena
-(`plugserve.mem.huge_pages`), right after it loads.
+(`plugserve.pools.huge_pages`), right after it loads.
 
 A decode step streams every weight once; on 4 KiB pages the stream stalls at every page
 (prefetcher restarts, TLB walks). A dense model's parameters are PyTorch allocations on 4 KiB
@@ -18,7 +18,7 @@ the copy costs ~30 ms per 100 MB at load. A GGUF's blocks are then read from the
 longer from the file's map (the same bytes).
 
 It runs once, before any kernel caches a weight (the engine calls it after loading). Nothing
-moves without huge pages (`plugserve.mem.huge_pages.available`), with
+moves without huge pages (`plugserve.pools.huge_pages.available`), with
 `PLUGSERVE_HUGE_PAGES=0`, or for a model under one huge page (`MIN_MODEL_BYTES`).
 """
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from plugserve.mem import huge_pages
 from plugserve.model.quant_weight import WeightHolder
+from plugserve.pools import huge_pages
 from plugserve.quant.blocks import QuantBlocks
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ reads. fp8 stores saturate at the format's largest finite value (a plain cast wo
 out-of-range value NaN, e4m3fn having no infinity), as the CPU kernels' stores do.
 
 On the CPU every layer's buffers are carved from one arena on transparent huge pages where
-the system has them (`plugserve.mem.huge_pages`): decode attention streams them, as it does
+the system has them (`plugserve.pools.huge_pages`): decode attention streams them, as it does
 the weights.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from plugserve.mem import huge_pages
+from plugserve.pools import huge_pages
 from plugserve.pools.slot_runs import run_start, store_rows
 
 # `EngineConfig.kv_cache_dtype` names (vLLM / SGLang's) -> what the pools store.

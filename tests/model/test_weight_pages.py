@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from plugserve.mem import huge_pages
 from plugserve.model import weight_pages
 from plugserve.model.quant_weight import WeightHolder
+from plugserve.pools import huge_pages
 from plugserve.sampling import SamplingParams
 from plugserve.testing import EngineTest
 from plugserve.testing.reference import hf_greedy, random_prompts
