@@ -21,6 +21,38 @@ struct Int8Rows {
   std::vector<float> sum16;        // [M, K / 16]: sum(xq) of each 16 (exact in float)
 };
 
+// The 32 whole numbers in v (|v| <= 127) as int8 into q, and the sums of each 16 of them.
+inline void to_int8_summed(const float* v, int8_t* q, int sums[2]) {
+#if defined(CPU_CAPABILITY_AVX512)
+  for (int h = 0; h < 2; ++h) {
+    const __m512i i = _mm512_cvttps_epi32(_mm512_load_ps(v + 16 * h));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(i));
+    sums[h] = _mm512_reduce_add_epi32(i);
+  }
+#elif defined(__AVX2__)
+  __m256i i[4];
+  for (int k = 0; k < 4; ++k) i[k] = _mm256_cvttps_epi32(_mm256_load_ps(v + 8 * k));
+  // packs interleave the 128-bit lanes: the permutation puts the 32 bytes back in order
+  const __m256i bytes = _mm256_permutevar8x32_epi32(
+      _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3])),
+      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i s8 = _mm256_add_epi32(i[2 * h], i[2 * h + 1]);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    sums[h] = _mm_cvtsi128_si32(s4);
+  }
+#else
+  for (int h = 0; h < 2; ++h)
+    for (int i = 16 * h; i < 16 * h + 16; ++i) {
+      q[i] = static_cast<int8_t>(v[i]);
+      sums[h] += q[i];
+    }
+#endif
+}
+
 // x's rows rounded into r, whose vectors are resized (kept when r held this many rows
 // before: a decode step's calls reuse one per thread instead of allocating six).
 template <typename T>
@@ -55,11 +87,7 @@ void quantize_rows_into(const T* x, int64_t x_stride, int64_t M, int64_t K, Int8
       }
       int8_t* q = r.q.data() + m * K + b * kBlock;
       int sums[2] = {0, 0};
-      for (int h = 0; h < 2; ++h)
-        for (int i = 16 * h; i < 16 * h + 16; ++i) {
-          q[i] = static_cast<int8_t>(v[i]);
-          sums[h] += q[i];
-        }
+      to_int8_summed(v, q, sums);
       const float d = vec::round_to<vec::Half>(scale);
       const int64_t mb = m * blocks + b;
       for (int64_t l = 0; l < kBlock / 4; ++l) r.lane_scale[mb * (kBlock / 4) + l] = d;
