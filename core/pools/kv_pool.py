@@ -81,9 +81,10 @@ class KVPool:
                              for i in layer_ids}
             self.v_buffer = {i: torch.zeros(shape, dtype=dtype, device=self.device)
                              for i in layer_ids}
-        else:  # zeros, committed now as torch.zeros would (no page faults while serving)
-            self.k_buffer = {i: arena.take_tensor(shape, dtype).zero_() for i in layer_ids}
-            self.v_buffer = {i: arena.take_tensor(shape, dtype).zero_() for i in layer_ids}
+        else:  # zeros already (a fresh mapping), committed as they are first written, as
+            # torch.zeros leaves a buffer this large (glibc maps it; calloc writes nothing)
+            self.k_buffer = {i: arena.take_tensor(shape, dtype) for i in layer_ids}
+            self.v_buffer = {i: arena.take_tensor(shape, dtype) for i in layer_ids}
 
     @property
     def total_slots(self) -> int:
