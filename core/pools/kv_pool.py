@@ -7,17 +7,12 @@ The buffers hold the pool's `dtype`: the model's, or a narrower KV cache dtype
 (`EngineConfig.kv_cache_dtype`: bfloat16, float8_e4m3, float8_e5m2) that attention widens as it
 reads. fp8 stores saturate at the format's largest finite value (a plain cast would make an
 out-of-range value NaN, e4m3fn having no infinity), as the CPU kernels' stores do.
-
-On the CPU every layer's buffers are carved from one arena on transparent huge pages where
-the system has them (`plugserve.pools.huge_pages`): decode attention streams them, as it does
-the weights.
 """
 
 from __future__ import annotations
 
 import torch
 
-from plugserve.pools import huge_pages
 from plugserve.pools.slot_runs import run_start, store_rows
 
 # `EngineConfig.kv_cache_dtype` names (vLLM / SGLang's) -> what the pools store.
@@ -73,18 +68,8 @@ class KVPool:
         self.layer_ids = list(layer_ids)
         buffer_slots = (num_pages + 1) * page_size
         shape = (buffer_slots, num_kv_heads, head_dim)
-        buffer_bytes = buffer_slots * num_kv_heads * head_dim * dtype.itemsize
-        arena = (huge_pages.new_arena(2 * len(layer_ids) * (buffer_bytes + huge_pages.ALIGN_BYTES))
-                 if self.device.type == "cpu" and layer_ids else None)
-        if arena is None:
-            self.k_buffer = {i: torch.zeros(shape, dtype=dtype, device=self.device)
-                             for i in layer_ids}
-            self.v_buffer = {i: torch.zeros(shape, dtype=dtype, device=self.device)
-                             for i in layer_ids}
-        else:  # zeros already (a fresh mapping), committed as they are first written, as
-            # torch.zeros leaves a buffer this large (glibc maps it; calloc writes nothing)
-            self.k_buffer = {i: arena.take_tensor(shape, dtype) for i in layer_ids}
-            self.v_buffer = {i: arena.take_tensor(shape, dtype) for i in layer_ids}
+        self.k_buffer = {i: torch.zeros(shape, dtype=dtype, device=self.device) for i in layer_ids}
+        self.v_buffer = {i: torch.zeros(shape, dtype=dtype, device=self.device) for i in layer_ids}
 
     @property
     def total_slots(self) -> int:
