@@ -111,15 +111,6 @@ class Arena:
             raise RuntimeError(f"huge-page arena of {self.size} bytes overrun ({self.used})")
         return self.base_offset + start
 
-    def take_tensor(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """The next contiguous tensor of `shape` and `dtype` (zeros until written)."""
-        size = torch.empty((), dtype=dtype).element_size()
-        count = 1
-        for n in shape:
-            count *= n
-        offset = self.take(count * size)
-        return bytes_at(self.storage(), offset, (count * size,)).view(dtype).view(shape)
-
     def storage(self) -> torch.UntypedStorage:
         return self.bytes.untyped_storage()
 
