@@ -3,7 +3,8 @@
 - every parameter and every quantized part then lives in the one arena, with the same values,
   tied parameters still sharing one copy and shared quantized parts one copy;
 - the engine's greedy tokens are transformers' (dense) and those of the unmoved model
-  (a Q4_1 GGUF through the compiled decode stack) with the weights moved, checker at level 1;
+  (a Q4_1 GGUF through the compiled decode stack) with the weights moved, checker at level 1
+  with the physical page checks, under the normal and the overlap loop;
 - nothing moves with PLUGSERVE_HUGE_PAGES=0, where the kernel has no huge pages, or for a
   model under the size limit; /proc/self/smaps is read for the huge-page backing.
 """
@@ -48,28 +49,30 @@ class TestWeightPages(EngineTest):
             return got, engine.weight_placement
 
     @needs_thp
+    @pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
     def test_dense_model_moved_gives_transformers_tokens(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overlap: bool
     ) -> None:
         _every_tiny_model_moves(monkeypatch)
         tiny_hf_model("llama", tmp_path, seed=3, tie_word_embeddings=True)
         expected = hf_greedy(tmp_path, PROMPTS, MAX_NEW)
-        got, placement = self._greedy(model=str(tmp_path))
+        got, placement = self._greedy(model=str(tmp_path), overlap=overlap)
         assert placement.arena_bytes > 0, placement.reason
         assert got == expected
 
     @needs_thp
+    @pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
     def test_quantized_model_moved_gives_the_unmoved_tokens(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overlap: bool
     ) -> None:
         hf = tiny_hf_model("llama", tmp_path / "hf", seed=8)
         write_tiny_gguf(hf, tmp_path / "tiny.gguf", quant="Q4_1")
         monkeypatch.setenv(huge_pages.ENV_SWITCH, "0")
-        unmoved, placement = self._greedy(model=str(tmp_path / "tiny.gguf"))
+        unmoved, placement = self._greedy(model=str(tmp_path / "tiny.gguf"), overlap=overlap)
         assert placement.arena_bytes == 0 and "PLUGSERVE_HUGE_PAGES" in placement.reason
         monkeypatch.delenv(huge_pages.ENV_SWITCH)
         _every_tiny_model_moves(monkeypatch)
-        moved, placement = self._greedy(model=str(tmp_path / "tiny.gguf"))
+        moved, placement = self._greedy(model=str(tmp_path / "tiny.gguf"), overlap=overlap)
         assert placement.arena_bytes > 0, placement.reason
         assert moved == unmoved
 
