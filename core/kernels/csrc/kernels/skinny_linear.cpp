@@ -220,7 +220,9 @@ inline void tile_bf16_pairs(const float* __restrict x, int64_t x_stride,
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < kRowsPerBlock; ++j) acc[i][j] = pair_zero();
-  constexpr int64_t kLineMask = kPairStep * 2 >= 64 ? 0 : 64 / 2 - 1;  // one prefetch a line
+  // One prefetch per cache line of each row, as in `tile`.
+  constexpr int64_t kLineValues = 64 / static_cast<int64_t>(sizeof(BF16));
+  constexpr int64_t kLineMask = kPairStep >= kLineValues ? 0 : kLineValues - 1;
   const int64_t full = K - K % kPairStep;
   for (int64_t k = 0; k < full; k += kPairStep) {
     if (prefetch_stop != nullptr && (k & kLineMask) == 0) {
