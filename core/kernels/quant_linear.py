@@ -14,9 +14,12 @@ Two compiled paths, chosen by the rows of x:
   bf16 x, a bf16 product with float32 sums, x taken to bf16 once (rounded through int8 per
   32-block first for int8 activations) and the result returned in x's dtype: on AMX tiles
   where `amx_available()` (`csrc/kernels/quant_amx.cpp`: strips of 32 weight rows dequantized
-  into the B tiles' layout, reused across all rows of x), else the matrix dequantized to
-  bf16 in strips of up to `STRIP_BYTES` (usually whole) and one dense GEMM per strip written
-  in place into the output. Float activations with float32 x stay float32: strips of
+  into the B tiles' layout, reused across all rows of x; past 256 rows the whole weight
+  first, then panels of x against it, the dense AMX kernel's prefill order), else, and for a
+  prefill's rows against a weight of more than 2 MiB in bf16 (where oneDNN's GEMM is the
+  faster, as for the dense weights), the matrix dequantized to bf16 in strips of up to
+  `STRIP_BYTES` (usually whole) and one dense GEMM per strip written in place into the
+  output. Float activations with float32 x stay float32: strips of
   float32 weights through the float32 GEMM (x @ dequantize(w).T up to summation order).
 Without the compiled kernels (`PLUGSERVE_CPU_KERNELS=0`, no compiler) the pure-torch
 reference runs.

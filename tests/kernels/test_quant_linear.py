@@ -152,6 +152,19 @@ def test_many_rows_matches_reference(name: str, activations: Activations,
         _check(ql.many_rows(x, w, b, activations, amx=amx), x, w, b, activations, bf16_gemm)
 
 
+@pytest.mark.parametrize("name", ["q8_0", "q4_k"])
+def test_many_rows_of_a_prefill_in_every_order(name: str) -> None:
+    # Past 256 rows of x the AMX path dequantizes the whole weight and runs panels of x
+    # against it; a weight of more than 2 MiB in bf16 (2,080 x 768 here) goes to the
+    # dequantize-and-GEMM path instead. Both with a last partial panel and strip.
+    _skip_without_amx()
+    for out, cols in [(70, 512), (2080, 768)]:
+        w = weight(name, out, cols)
+        for dtype in (torch.float32, torch.bfloat16):
+            x, b = _inputs(300, cols, out, dtype, True, seed=out)
+            _check(ql.many_rows(x, w, b, "int8", amx=True), x, w, b, "int8", True)
+
+
 @pytest.mark.parametrize("amx", [True, False], ids=["amx", "no_amx"])
 def test_many_rows_float_activations_keep_float32(amx: bool) -> None:
     # The float mode in float32 never goes through bf16, AMX or not (float32 error bounds).

@@ -7,6 +7,7 @@
 #pragma once
 
 #if defined(PLUGSERVE_AMX)
+#include <ATen/Parallel.h>
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -29,6 +30,7 @@ using vec::BF16;
 constexpr int64_t kStrip = 32;       // weight rows per strip: two B tiles
 constexpr int64_t kTileK = 32;       // bf16 columns of K per tile
 constexpr int64_t kTileElems = 512;  // bf16 values in one 16 x 64-byte tile
+constexpr int64_t kLine = 64;        // bytes per cache line
 
 // The CPU has AMX-BF16 and the OS lets this process use the tile state (Linux:
 // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once per process).
@@ -200,6 +202,57 @@ void multiply_strip(const Args& a, const BF16* strip, const BF16* x_tail, int64_
     _tile_stored(1, c + 16, kStrip * 4);
     store_rows<TO>(c, m0, m_count, n0, n_count, a);
   }
+}
+
+// Many rows (a prefill chunk): the rows of x are cut into panels of at most kPanelRows, an
+// equal number per thread, and each thread multiplies its panels by every strip of the
+// weight in turn. A panel (256 x K bf16: 288 KiB at K = 576) stays in L2 while the strips
+// pass, each strip is used by all of a panel's 32-row blocks from L1, and the next strip is
+// requested into L2 a slice per product step. Every thread reads the whole weight: this is
+// the faster order where the weight is small enough to stay in L2 between panels
+// (plugserve.kernels.dense_amx.PANEL_MAX_WEIGHT_BYTES decides). w: the whole weight in the
+// strips' B-tile layout (see multiply_strip).
+constexpr int64_t kPanelRows = 256;
+
+template <typename TO, typename Args>
+void multiply_panels(const Args& a, const BF16* w) {
+  const XTail tail = x_tail(a);
+  const BF16* x = static_cast<const BF16*>(a.x);
+  const int64_t strip_elems = kStrip * a.K, strip_lines = strip_elems * 2 / kLine;
+  const int64_t strips = (a.N + kStrip - 1) / kStrip, kbs = a.K / kTileK;
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  // per_thread panels for each thread, of equal rows rounded up to whole 32-row blocks.
+  const int64_t per_thread = (a.M + threads * kPanelRows - 1) / (threads * kPanelRows);
+  const int64_t share = (a.M + threads * per_thread - 1) / (threads * per_thread);
+  const int64_t panel_rows = (share + 31) / 32 * 32;
+  const int64_t panels = (a.M + panel_rows - 1) / panel_rows;
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    configure_tiles();
+    for (int64_t p = begin; p < end; ++p) {
+      // The panel as a linear of its own: its rows of x and of out. Only the last panel can
+      // end in a partial block of 32 rows, whose zero-padded copy is x_tail.
+      Args panel = a;
+      const int64_t m0 = p * panel_rows;
+      panel.M = std::min(panel_rows, a.M - m0);
+      panel.x = x + m0 * a.x_stride;
+      panel.out = static_cast<TO*>(a.out) + m0 * a.N;
+      const int64_t steps = (panel.M + 31) / 32 * kbs;
+      for (int64_t s = 0; s < strips; ++s) {
+        const BF16* strip = w + s * strip_elems;
+        const char* next = reinterpret_cast<const char*>(strip + strip_elems);
+        const bool last = s + 1 == strips;
+        const int64_t n0 = s * kStrip, n_count = std::min(kStrip, a.N - n0);
+        multiply_strip<TO>(panel, strip, tail.data(), n0, n_count, [&](int64_t block,
+                                                                       int64_t kb) {
+          if (last) return;  // the next strip is the next panel's first: already in L2
+          const int64_t step = block * kbs + kb;
+          const int64_t from = step * strip_lines / steps, to = (step + 1) * strip_lines / steps;
+          for (int64_t line = from; line < to; ++line) vec::prefetch_l2(next + line * kLine);
+        });
+      }
+    }
+    _tile_release();
+  });
 }
 
 }  // namespace amx

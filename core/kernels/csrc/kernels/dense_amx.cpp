@@ -31,6 +31,7 @@ namespace {
 using namespace vec;
 using amx::kStrip;
 using amx::kTileElems;
+using amx::kLine;
 using amx::kTileK;
 
 // How far ahead of the strip being multiplied its thread prefetches, in strips (one strip is
@@ -42,7 +43,6 @@ using amx::kTileK;
 // hardware streamer per page: +50% at 64-96 rows), and the tiles' own lines requested into L1
 // two steps ahead (+5-15% with aligned x; it only helped tile rows that straddle two lines).
 constexpr int64_t kPrefetchStrips = 1;
-constexpr int64_t kLine = 64;
 // Rows up to which the weight is streamed strip by strip (all rows of x per strip); more go
 // to panel_gemm (plugserve.kernels.dense_amx.MAX_ROWS is the same number).
 constexpr int64_t kStreamRows = 96;
@@ -79,54 +79,9 @@ void dense_gemm(const DenseAmxArgs& a) {
   });
 }
 
-// Many rows (a prefill chunk): the rows of x are cut into panels of at most kPanelRows, an
-// equal number per thread, and each thread multiplies its panels by every strip of the
-// weight in turn. A panel (256 x K bf16: 288 KiB at K = 576) stays in L2 while the strips
-// pass, each strip is used by all of a panel's 32-row blocks from L1, and the next strip is
-// requested into L2 a slice per product step. Every thread reads the whole weight: this is
-// the faster order where the weight is small enough to stay in L2 between panels
-// (plugserve.kernels.dense_amx.PANEL_MAX_WEIGHT_BYTES decides).
-constexpr int64_t kPanelRows = 256;
-
+// Many rows (a prefill chunk): panels of x times every strip (amx::multiply_panels).
 void panel_gemm(const DenseAmxArgs& a) {
-  const amx::XTail x_tail = amx::x_tail(a);
-  const BF16* w = static_cast<const BF16*>(a.w_packed);
-  const BF16* x = static_cast<const BF16*>(a.x);
-  const int64_t strip_elems = kStrip * a.K, strip_lines = strip_elems * 2 / kLine;
-  const int64_t strips = (a.N + kStrip - 1) / kStrip, kbs = a.K / kTileK;
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  // per_thread panels for each thread, of equal rows rounded up to whole 32-row blocks.
-  const int64_t per_thread = (a.M + threads * kPanelRows - 1) / (threads * kPanelRows);
-  const int64_t share = (a.M + threads * per_thread - 1) / (threads * per_thread);
-  const int64_t panel_rows = (share + 31) / 32 * 32;
-  const int64_t panels = (a.M + panel_rows - 1) / panel_rows;
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    amx::configure_tiles();
-    for (int64_t p = begin; p < end; ++p) {
-      // The panel as a linear of its own: its rows of x and of out. Only the last panel can
-      // end in a partial block of 32 rows, whose zero-padded copy is x_tail.
-      DenseAmxArgs panel = a;
-      const int64_t m0 = p * panel_rows;
-      panel.M = std::min(panel_rows, a.M - m0);
-      panel.x = x + m0 * a.x_stride;
-      panel.out = static_cast<BF16*>(a.out) + m0 * a.N;
-      const int64_t steps = (panel.M + 31) / 32 * kbs;
-      for (int64_t s = 0; s < strips; ++s) {
-        const BF16* strip = w + s * strip_elems;
-        const char* next = reinterpret_cast<const char*>(strip + strip_elems);
-        const bool last = s + 1 == strips;
-        const int64_t n0 = s * kStrip, n_count = std::min(kStrip, a.N - n0);
-        amx::multiply_strip<BF16>(panel, strip, x_tail.data(), n0, n_count,
-                                  [&](int64_t block, int64_t kb) {
-          if (last) return;  // the next strip is the next panel's first: already in L2
-          const int64_t step = block * kbs + kb;
-          const int64_t from = step * strip_lines / steps, to = (step + 1) * strip_lines / steps;
-          for (int64_t line = from; line < to; ++line) prefetch_l2(next + line * kLine);
-        });
-      }
-    }
-    _tile_release();
-  });
+  amx::multiply_panels<BF16>(a, static_cast<const BF16*>(a.w_packed));
 }
 
 }  // namespace

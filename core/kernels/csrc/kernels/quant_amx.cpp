@@ -12,7 +12,9 @@
 // float32 sums:
 // - more than kRowsAsB rows of x: the strip goes a chunk (256 weights) of its rows at a time
 //   into the VNNI-pair layout of B tiles (per 32 columns of K and 16 weight rows: 16 rows of
-//   16 (k, k + 1) bf16 pairs, 1 KiB); A tiles are 16 rows x 32 columns straight from x;
+//   16 (k, k + 1) bf16 pairs, 1 KiB); A tiles are 16 rows x 32 columns straight from x; one
+//   strip at a time, or the whole weight first and then panels of x against it
+//   (gemm_strips, gemm_panels; past their limits the caller's oneDNN path runs);
 // - up to kRowsAsB rows: the roles swap, so the weight, which few rows share, needs no
 //   transpose: its row-major strip is the A operand, x (packed once per call) the B one,
 //   and each C tile is transposed as it is stored.
@@ -49,6 +51,17 @@ using amx::transpose16;
 // is then not transposed), past which the weight is packed into B tiles once per strip
 // (measured: 16 rows 25-30% faster as B, 64 even, 128 and more slower).
 constexpr int64_t kRowsAsB = 64;
+// Rows up to which the strips are dequantized and multiplied one at a time (gemm_strips);
+// past them, a weight of up to kPanelMaxWeightBytes in bf16 goes in panels (gemm_panels),
+// and a larger one is left to the caller's dequantize-and-GEMM path (oneDNN's bf16 GEMM), as
+// the dense bf16 linear leaves it to oneDNN (plugserve.kernels.dense_amx:
+// PANEL_MAX_WEIGHT_BYTES). Measured at the default model's shapes (2 threads, weights in
+// cache, int8 activations): 576 x 576 at 512 rows 0.24 ms in panels against 0.31 strip by
+// strip and 0.29 through oneDNN; 3,072 x 576 (3.4 MiB in bf16) at 512 rows 1.16 / 1.08 /
+// 0.96, at 2,048 rows 5.5 / 6.3 / 2.8; 960 x 576 at 2,048 rows 1.4 / 2.0 / 1.1-3.9 (oneDNN
+// on an unpacked bf16 weight of that shape varies from call to call).
+constexpr int64_t kStripRows = 256;
+constexpr int64_t kPanelMaxWeightBytes = 2 << 20;
 
 // Rows [n0, n0 + rows) of the weight (rows <= 32; the rest zero) into the strip's B tiles:
 // tile (kb, h) holds weight rows n0 + 16h .. + 16 and columns 32kb .. + 32 as 16 rows of
@@ -90,8 +103,11 @@ void pack_strip(const QuantGemmArgs& a, int64_t n0, int64_t rows, BF16* strip) {
   }
 }
 
+// kRowsAsB .. kStripRows rows: strip by strip, each strip dequantized once and multiplied
+// by all rows of x (each thread a run of strips: the weight is read once, and x, a few
+// hundred KiB, stays in L2).
 template <QuantFormat Fmt, typename TO>
-void gemm_typed(const QuantGemmArgs& a) {
+void gemm_strips(const QuantGemmArgs& a) {
   const amx::XTail x_tail = amx::x_tail(a);
   const int64_t strips = (a.N + kStrip - 1) / kStrip;
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
@@ -105,6 +121,24 @@ void gemm_typed(const QuantGemmArgs& a) {
     std::free(strip);
     _tile_release();
   });
+}
+
+// More rows (a prefill chunk) and a small weight: the whole weight dequantized into the
+// strips' B-tile layout once (each thread a run of strips), then panels of x times every
+// strip (amx::multiply_panels, the dense kernel's prefill order: a panel of x stays in L2
+// while the strips pass, where x itself would be read from L3 once per strip).
+template <QuantFormat Fmt, typename TO>
+void gemm_panels(const QuantGemmArgs& a) {
+  const int64_t strips = (a.N + kStrip - 1) / kStrip;
+  BF16* packed = static_cast<BF16*>(std::aligned_alloc(64, strips * kStrip * a.K * 2));
+  at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) {
+      const int64_t n0 = s * kStrip;
+      pack_strip<Fmt>(a, n0, std::min(kStrip, a.N - n0), packed + s * kStrip * a.K);
+    }
+  });
+  amx::multiply_panels<TO>(a, packed);
+  std::free(packed);
 }
 
 // ---- few rows of x (M <= kRowsAsB): the weight as the A operand -------------------------
@@ -231,6 +265,7 @@ bool amx_usable() { return amx_granted(); }
 
 bool quant_gemm_amx(const QuantGemmArgs& a) {
   if (!amx_granted() || a.K % kTileK != 0) return false;
+  if (a.M > kStripRows && a.N * a.K * 2 > kPanelMaxWeightBytes) return false;
   quant::with_format(a.format, [&](auto fmt) {
     constexpr QuantFormat Fmt = decltype(fmt)::value;
     TORCH_CHECK(a.out_dtype == Dtype::f32 || a.out_dtype == Dtype::bf16,
@@ -238,8 +273,10 @@ bool quant_gemm_amx(const QuantGemmArgs& a) {
     const bool f32 = a.out_dtype == Dtype::f32;
     if (a.M <= kRowsAsB) {
       f32 ? gemm_rows_as_b<Fmt, float>(a) : gemm_rows_as_b<Fmt, BF16>(a);
+    } else if (a.M <= kStripRows) {
+      f32 ? gemm_strips<Fmt, float>(a) : gemm_strips<Fmt, BF16>(a);
     } else {
-      f32 ? gemm_typed<Fmt, float>(a) : gemm_typed<Fmt, BF16>(a);
+      f32 ? gemm_panels<Fmt, float>(a) : gemm_panels<Fmt, BF16>(a);
     }
   });
   return true;
