@@ -200,17 +200,24 @@ void gemm_rows_as_b(const QuantGemmArgs& a) {
   BF16* xp = static_cast<BF16*>(std::aligned_alloc(64, mblocks * kbs * kTileElems * 2));
   pack_x(a, xp);
   const int64_t strips = (a.N + kStrip - 1) / kStrip;
+  // Each thread widens the next strip's rows a few per product step, into the other of two
+  // buffers, so that the vector work of the widening runs while the tile unit multiplies
+  // (widening all of a strip, then multiplying it, left each unit idle while the other ran).
+  const int64_t steps = (mblocks + 1) / 2 * kbs, rows_per_step = (kStrip + steps - 1) / steps;
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
     configure_tiles();
-    BF16* w = static_cast<BF16*>(std::aligned_alloc(64, kStrip * a.K * 2));
+    BF16* buffers[2] = {static_cast<BF16*>(std::aligned_alloc(64, kStrip * a.K * 2)),
+                        static_cast<BF16*>(std::aligned_alloc(64, kStrip * a.K * 2))};
     alignas(64) float c[kStrip * kStrip];
     const int64_t stride = a.K * 2;
-    for (int64_t s = begin; s < end; ++s) {
+    // Rows [r0, r1) of strip s into w (zero past the matrix), each row's bytes of the strip
+    // after it (if this thread takes it) asked into L2 (see pack_strip).
+    const auto widen_rows = [&](int64_t s, BF16* w, int64_t r0, int64_t r1) {
       const int64_t n0 = s * kStrip, n_count = std::min(kStrip, a.N - n0);
-      for (int64_t r = 0; r < kStrip; ++r) {
+      for (int64_t r = r0; r < std::min(r1, kStrip); ++r) {
         if (r < n_count) {
           const uint8_t* row = a.w + (n0 + r) * a.w_row_bytes;
-          if (s + 1 < end) {  // the next strip's row into L2 (see pack_strip)
+          if (s + 1 < end) {
             for (int64_t off = 0; off < a.w_row_bytes; off += 64)
               prefetch_l2(row + kStrip * a.w_row_bytes + off);
           }
@@ -219,6 +226,19 @@ void gemm_rows_as_b(const QuantGemmArgs& a) {
           std::memset(static_cast<void*>(w + r * a.K), 0, a.K * 2);
         }
       }
+    };
+    widen_rows(begin, buffers[0], 0, kStrip);
+    for (int64_t s = begin; s < end; ++s) {
+      const int64_t n0 = s * kStrip, n_count = std::min(kStrip, a.N - n0);
+      const BF16* w = buffers[(s - begin) & 1];
+      BF16* next = s + 1 < end ? buffers[(s - begin + 1) & 1] : nullptr;
+      int64_t next_row = 0;
+      const auto widen_some = [&] {
+        if (next != nullptr && next_row < kStrip) {
+          widen_rows(s + 1, next, next_row, next_row + rows_per_step);
+          next_row += rows_per_step;
+        }
+      };
       for (int64_t j = 0; j < mblocks; j += 2) {
         const BF16* b0 = xp + j * kbs * kTileElems;
         _tile_zero(0);
@@ -236,6 +256,7 @@ void gemm_rows_as_b(const QuantGemmArgs& a) {
             _tile_loadd(5, w + 16 * a.K + kb * kTileK, stride);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
+            widen_some();
           }
           _tile_stored(1, c + 16, kStrip * 4);
           _tile_stored(3, c + 16 * kStrip + 16, kStrip * 4);
@@ -246,14 +267,17 @@ void gemm_rows_as_b(const QuantGemmArgs& a) {
             _tile_dpbf16ps(0, 4, 6);
             _tile_loadd(5, w + 16 * a.K + kb * kTileK, stride);
             _tile_dpbf16ps(2, 5, 6);
+            widen_some();
           }
         }
         _tile_stored(0, c, kStrip * 4);
         _tile_stored(2, c + 16 * kStrip, kStrip * 4);
         store_transposed<TO>(c, 16 * j, std::min<int64_t>(32, a.M - 16 * j), n0, n_count, a);
       }
+      if (next != nullptr) widen_rows(s + 1, next, next_row, kStrip);  // any rows left
     }
-    std::free(w);
+    std::free(buffers[0]);
+    std::free(buffers[1]);
     _tile_release();
   });
   std::free(xp);
