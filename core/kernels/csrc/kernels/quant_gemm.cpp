@@ -28,6 +28,28 @@ void dequantize_rows(const QuantDequantizeArgs& a) {
   });
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// Lane j of the result: the largest value of m[j] (16 vectors reduced together, ~3 operations
+// per vector instead of a reduction of each).
+inline __m512 max_of_each(__m512 m[16]) {
+  __m512 a[8], b[4], c[2];
+  // a[i], per 128-bit lane: m[2i] at positions 0, 2 and m[2i + 1] at 1, 3, two values each
+  for (int i = 0; i < 8; ++i)
+    a[i] = _mm512_max_ps(_mm512_unpacklo_ps(m[2 * i], m[2 * i + 1]),
+                         _mm512_unpackhi_ps(m[2 * i], m[2 * i + 1]));
+  // b[i], per 128-bit lane: position p the lane's largest of m[4i + p]
+  for (int i = 0; i < 4; ++i)
+    b[i] = _mm512_max_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // then across the 128-bit lanes: lanes (0, 1) and (2, 3) of each, then of the pairs
+  for (int i = 0; i < 2; ++i)
+    c[i] = _mm512_max_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  return _mm512_max_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88),
+                       _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+#endif
+
 // One row of x: each 32-block rounded through int8 (as reference.quantize_activations_int8:
 // divide by the float32 scale, round half to even, multiply by the scale rounded to fp16),
 // then to bf16.
@@ -52,14 +74,17 @@ void round_row_int8(const T* x, int64_t K, BF16* out) {
   // one vector, then the quants; no block waits on the one before.
   for (int64_t b0 = 0; b0 < K / kBlock; b0 += 16) {
     const int64_t nb = std::min<int64_t>(16, K / kBlock - b0);
-    alignas(64) float amax[16] = {};
-    for (int64_t j = 0; j < nb; ++j) {
-      __m512 lo, hi;
-      load32((b0 + j) * kBlock, lo, hi);
-      amax[j] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+    __m512 m[16];
+    for (int64_t j = 0; j < 16; ++j) {
+      m[j] = _mm512_setzero_ps();
+      if (j < nb) {
+        __m512 lo, hi;
+        load32((b0 + j) * kBlock, lo, hi);
+        m[j] = _mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi));
+      }
     }
     alignas(64) float scale[16], d[16], inv[16];
-    const __m512 s = _mm512_div_ps(_mm512_load_ps(amax), _mm512_set1_ps(127.0f));
+    const __m512 s = _mm512_div_ps(max_of_each(m), _mm512_set1_ps(127.0f));
     _mm512_store_ps(scale, s);
     _mm512_store_ps(d, _mm512_cvtph_ps(_mm512_cvtps_ph(s, kEven)));  // rounded to fp16
     _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), s));
@@ -77,11 +102,10 @@ void round_row_int8(const T* x, int64_t K, BF16* out) {
         const __m512 tlo = _mm512_mul_ps(lo, iv), thi = _mm512_mul_ps(hi, iv);
         qlo = _mm512_roundscale_ps(tlo, kEven);
         qhi = _mm512_roundscale_ps(thi, kEven);
-        const __m512 half = _mm512_set1_ps(0.5f), near = _mm512_set1_ps(1.0f / 16384);
+        // |t - q| <= 0.5 (q is the integer nearest t): near a half is above 0.5 - 2^-14.
+        const __m512 near = _mm512_set1_ps(0.5f - 1.0f / 16384);
         const auto near_half = [&](__m512 t, __m512 q) {
-          const __m512 off =
-              _mm512_abs_ps(_mm512_sub_ps(_mm512_abs_ps(_mm512_sub_ps(t, q)), half));
-          return _mm512_cmp_ps_mask(off, near, _CMP_LT_OQ);
+          return _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(t, q)), near, _CMP_GT_OQ);
         };
         if ((near_half(tlo, qlo) | near_half(thi, qhi)) != 0) {
           const __m512 sv = _mm512_set1_ps(scale[j]);
