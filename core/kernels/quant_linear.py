@@ -58,8 +58,7 @@ def amx_available() -> bool:
 
 def strip_rows(cols: int, dtype: torch.dtype) -> int:
     """Weight rows per dequantized strip of the dequantize-and-GEMM path (a multiple of 16)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return max(16, STRIP_BYTES // max(1, cols * itemsize) // 16 * 16)
+    return max(16, STRIP_BYTES // max(1, cols * dtype.itemsize) // 16 * 16)
 
 
 def _gemm_dtype(x: torch.Tensor, activations: Activations) -> torch.dtype:
@@ -77,7 +76,7 @@ def quant_linear(
         raise ValueError(f"activations={activations!r}; allowed: {', '.join(ACTIVATIONS)}")
     if x.dtype not in (torch.float32, torch.bfloat16) or not x.is_cpu or not available():
         return reference_linear(x, w, bias, activations)
-    flat = x.reshape(-1, w.cols)
+    flat = x if x.dim() == 2 else x.reshape(-1, w.cols)
     ops = build.ops()
     int8 = activations == "int8"
     if flat.shape[0] <= MAX_FEW_ROWS:
@@ -85,7 +84,7 @@ def quant_linear(
     else:
         out = ops.quant_gemm(flat, w.data, w.qtype.name, bias, int8,
                              strip_rows(w.cols, _gemm_dtype(x, activations)), True)
-    result: torch.Tensor = out.reshape(*x.shape[:-1], w.rows)
+    result: torch.Tensor = out if x.dim() == 2 else out.reshape(*x.shape[:-1], w.rows)
     return result
 
 
