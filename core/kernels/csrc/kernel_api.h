@@ -271,9 +271,11 @@ struct QuantActivationsArgs {
   bool int8;
 };
 
-// out [M, N] (`out_dtype`: f32 or bf16, contiguous) = x [M, K] (bf16, rows x_stride apart) @
-// dequantize(w).T rounded to bf16, summed in float32 (+ bias, float32) with AMX tiles. The
-// kernel returns false, writing nothing, where this copy or this CPU (or its OS) has no AMX.
+// out [M, N] (`out_dtype`: f32 or bf16, contiguous) = x [M, K] (`x_dtype`: f32 or bf16, rows
+// x_stride apart) taken to bf16 (rounded through int8 per 32-block first when int8, as
+// quant_activations does) @ dequantize(w).T rounded to bf16, summed in float32 (+ bias,
+// float32) with AMX tiles. The kernel returns false, writing nothing, where this copy or this
+// CPU (or its OS) has no AMX, or for a prefill's rows against a weight it leaves to oneDNN.
 struct QuantGemmArgs {
   const void* x;
   int64_t x_stride;
@@ -284,6 +286,8 @@ struct QuantGemmArgs {
   int64_t M, K, N;
   QuantFormat format;
   Dtype out_dtype;
+  Dtype x_dtype;
+  bool int8;
 };
 
 // out [M, N] (bf16, contiguous) = x [M, K] (bf16, rows x_stride apart) @ w.T (+ bias,

@@ -214,10 +214,31 @@ void multiply_strip(const Args& a, const BF16* strip, const BF16* x_tail, int64_
 // strips' B-tile layout (see multiply_strip).
 constexpr int64_t kPanelRows = 256;
 
-template <typename TO, typename Args>
-void multiply_panels(const Args& a, const BF16* w) {
-  const XTail tail = x_tail(a);
-  const BF16* x = static_cast<const BF16*>(a.x);
+// The panel's rows of x as multiply_strip reads them: rows `stride` values apart, and the
+// zero-padded copy of a last partial 32-row block (stride K; null where there is none).
+struct PanelRows {
+  const BF16* x;
+  int64_t stride;
+  const BF16* tail;
+};
+
+// a.x in bf16 as it is: rows of the panel read in place, the last block from x_tail's copy.
+template <typename Args>
+struct RowsInPlace {
+  explicit RowsInPlace(const Args& a) : a_(a), tail_(x_tail(a)) {}
+  PanelRows operator()(int64_t m0, int64_t /*rows*/) const {
+    return {static_cast<const BF16*>(a_.x) + m0 * a_.x_stride, a_.x_stride, tail_.data()};
+  }
+
+ private:
+  const Args& a_;
+  XTail tail_;
+};
+
+// rows_of(m0, rows) gives each panel's rows of x (called on the thread that multiplies the
+// panel, before its products).
+template <typename TO, typename Args, typename RowsOf>
+void multiply_panels(const Args& a, const BF16* w, const RowsOf& rows_of) {
   const int64_t strip_elems = kStrip * a.K, strip_lines = strip_elems * 2 / kLine;
   const int64_t strips = (a.N + kStrip - 1) / kStrip, kbs = a.K / kTileK;
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
@@ -230,11 +251,13 @@ void multiply_panels(const Args& a, const BF16* w) {
     configure_tiles();
     for (int64_t p = begin; p < end; ++p) {
       // The panel as a linear of its own: its rows of x and of out. Only the last panel can
-      // end in a partial block of 32 rows, whose zero-padded copy is x_tail.
+      // end in a partial block of 32 rows.
       Args panel = a;
       const int64_t m0 = p * panel_rows;
       panel.M = std::min(panel_rows, a.M - m0);
-      panel.x = x + m0 * a.x_stride;
+      const PanelRows rows = rows_of(m0, panel.M);
+      panel.x = rows.x;
+      panel.x_stride = rows.stride;
       panel.out = static_cast<TO*>(a.out) + m0 * a.N;
       const int64_t steps = (panel.M + 31) / 32 * kbs;
       for (int64_t s = 0; s < strips; ++s) {
@@ -242,8 +265,8 @@ void multiply_panels(const Args& a, const BF16* w) {
         const char* next = reinterpret_cast<const char*>(strip + strip_elems);
         const bool last = s + 1 == strips;
         const int64_t n0 = s * kStrip, n_count = std::min(kStrip, a.N - n0);
-        multiply_strip<TO>(panel, strip, tail.data(), n0, n_count, [&](int64_t block,
-                                                                       int64_t kb) {
+        multiply_strip<TO>(panel, strip, rows.tail, n0, n_count, [&](int64_t block,
+                                                                     int64_t kb) {
           if (last) return;  // the next strip is the next panel's first: already in L2
           const int64_t step = block * kbs + kb;
           const int64_t from = step * strip_lines / steps, to = (step + 1) * strip_lines / steps;

@@ -81,7 +81,8 @@ void dense_gemm(const DenseAmxArgs& a) {
 
 // Many rows (a prefill chunk): panels of x times every strip (amx::multiply_panels).
 void panel_gemm(const DenseAmxArgs& a) {
-  amx::multiply_panels<BF16>(a, static_cast<const BF16*>(a.w_packed));
+  amx::multiply_panels<BF16>(a, static_cast<const BF16*>(a.w_packed),
+                            amx::RowsInPlace<DenseAmxArgs>(a));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "../vec/pvec.h"
 #include "amx_tiles.h"
 #include "quant_blocks.h"
+#include "quant_row_bf16.h"
 #include "quant_widen.h"
 
 #if defined(PLUGSERVE_AMX)
@@ -62,6 +63,28 @@ constexpr int64_t kRowsAsB = 64;
 // on an unpacked bf16 weight of that shape varies from call to call).
 constexpr int64_t kStripRows = 256;
 constexpr int64_t kPanelMaxWeightBytes = 2 << 20;
+
+// Rows [m0, m0 + rows) of x in bf16 (rounded through int8 first for int8 activations) into
+// out, `stride` values apart, and zero rows after them up to `padded` rows: the kernels take
+// x as it comes (float32 or bf16) and convert each part where it is multiplied, so a
+// prefill's rows pass through memory once instead of being written out whole and read back.
+void x_rows_as_bf16(const QuantGemmArgs& a, int64_t m0, int64_t rows, BF16* out,
+                    int64_t stride, int64_t padded) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t at = (m0 + r) * a.x_stride;
+    if (a.x_dtype == Dtype::f32) {
+      quant::row_as_bf16(static_cast<const float*>(a.x) + at, a.K, a.int8, out + r * stride);
+    } else {
+      quant::row_as_bf16(static_cast<const BF16*>(a.x) + at, a.K, a.int8, out + r * stride);
+    }
+  }
+  for (int64_t r = rows; r < padded; ++r)
+    std::memset(static_cast<void*>(out + r * stride), 0, a.K * sizeof(BF16));
+}
+
+BF16* aligned_bf16(int64_t values) {
+  return static_cast<BF16*>(std::aligned_alloc(64, (values * 2 + 63) / 64 * 64));
+}
 
 // Rows [n0, n0 + rows) of the weight (rows <= 32; the rest zero) into the strip's B tiles:
 // tile (kb, h) holds weight rows n0 + 16h .. + 16 and columns 32kb .. + 32 as 16 rows of
@@ -107,7 +130,15 @@ void pack_strip(const QuantGemmArgs& a, int64_t n0, int64_t rows, BF16* strip) {
 // by all rows of x (each thread a run of strips: the weight is read once, and x, a few
 // hundred KiB, stays in L2).
 template <QuantFormat Fmt, typename TO>
-void gemm_strips(const QuantGemmArgs& a) {
+void gemm_strips(const QuantGemmArgs& args) {
+  // x (a few hundred rows) in bf16 once, every strip's products read it from there.
+  QuantGemmArgs a = args;
+  BF16* xb = aligned_bf16(a.M * a.K);
+  at::parallel_for(0, a.M, 16, [&](int64_t begin, int64_t end) {
+    x_rows_as_bf16(args, begin, end - begin, xb + begin * a.K, a.K, end - begin);
+  });
+  a.x = xb;
+  a.x_stride = a.K;
   const amx::XTail x_tail = amx::x_tail(a);
   const int64_t strips = (a.N + kStrip - 1) / kStrip;
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
@@ -121,6 +152,7 @@ void gemm_strips(const QuantGemmArgs& a) {
     std::free(strip);
     _tile_release();
   });
+  std::free(xb);
 }
 
 // More rows (a prefill chunk) and a small weight: the whole weight dequantized into the
@@ -137,7 +169,19 @@ void gemm_panels(const QuantGemmArgs& a) {
       pack_strip<Fmt>(a, n0, std::min(kStrip, a.N - n0), packed + s * kStrip * a.K);
     }
   });
-  amx::multiply_panels<TO>(a, packed);
+  // Each panel's rows of x converted by the thread that multiplies it, into its own buffer
+  // (at most kPanelRows rows, zero-padded to whole 32-row blocks), kept in L2 for the panel.
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  std::vector<BF16*> buffers(threads, nullptr);
+  amx::multiply_panels<TO>(a, packed, [&](int64_t m0, int64_t rows) {
+    BF16*& buffer = buffers[at::get_thread_num()];
+    if (buffer == nullptr) buffer = aligned_bf16(amx::kPanelRows * a.K);
+    const int64_t padded = (rows + 31) / 32 * 32;
+    x_rows_as_bf16(a, m0, rows, buffer, a.K, padded);
+    const BF16* tail = rows % 32 != 0 ? buffer + rows / 32 * 32 * a.K : nullptr;
+    return amx::PanelRows{buffer, a.K, tail};
+  });
+  for (BF16* buffer : buffers) std::free(buffer);
   std::free(packed);
 }
 
@@ -148,22 +192,23 @@ void gemm_panels(const QuantGemmArgs& a) {
 // it is stored.
 
 // x rows [16j, 16j + 16) (zero past M), columns 32kb .. + 32 at xp + (j * kbs + kb) * 512.
+// Each 16 rows are converted to bf16 first (x_rows_as_bf16, zero past M), then transposed.
 void pack_x(const QuantGemmArgs& a, BF16* xp) {
-  const BF16* x = static_cast<const BF16*>(a.x);
   const int64_t kbs = a.K / kTileK;
-  for (int64_t j = 0; j * 16 < a.M; ++j) {
-    for (int64_t kb = 0; kb < kbs; ++kb) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) {
-        const int64_t m = 16 * j + i;
-        r[i] = m < a.M ? _mm512_loadu_si512(x + m * a.x_stride + kb * kTileK)
-                       : _mm512_setzero_si512();
+  at::parallel_for(0, (a.M + 15) / 16, 1, [&](int64_t begin, int64_t end) {
+    BF16* rows = aligned_bf16(16 * a.K);
+    for (int64_t j = begin; j < end; ++j) {
+      x_rows_as_bf16(a, 16 * j, std::min<int64_t>(16, a.M - 16 * j), rows, a.K, 16);
+      for (int64_t kb = 0; kb < kbs; ++kb) {
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(rows + i * a.K + kb * kTileK);
+        transpose16(r);
+        BF16* tile = xp + (j * kbs + kb) * kTileElems;
+        for (int p = 0; p < 16; ++p) _mm512_store_si512(tile + p * 32, r[p]);
       }
-      transpose16(r);
-      BF16* tile = xp + (j * kbs + kb) * kTileElems;
-      for (int p = 0; p < 16; ++p) _mm512_store_si512(tile + p * 32, r[p]);
     }
-  }
+    std::free(rows);
+  });
 }
 
 // out rows m0 .. + m_count, columns n0 .. + n_count from c [32 weight rows][32 rows of x].

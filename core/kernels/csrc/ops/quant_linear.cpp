@@ -111,18 +111,22 @@ at::Tensor bf16_activations(const at::Tensor& x, bool int8) {
   return out;
 }
 
-bool amx_gemm(const at::Tensor& xb, const at::Tensor& w, QuantFormat f,
+// x [M, K] (float32 or bf16, rows contiguous) through the AMX kernel, which takes it to bf16
+// (rounded through int8 first when int8) part by part where it multiplies it.
+bool amx_gemm(const at::Tensor& x, bool int8, const at::Tensor& w, QuantFormat f,
               const std::optional<at::Tensor>& bias, at::Tensor& out) {
   const auto bias32 = bias_as_float(bias, w.size(0), "quant_gemm");
   QuantGemmArgs a{};
-  a.x = xb.data_ptr();
-  a.x_stride = xb.stride(0);
+  a.x = x.data_ptr();
+  a.x_stride = x.stride(0);
+  a.x_dtype = float_dtype(x, "quant_gemm");
+  a.int8 = int8;
   a.w = w.data_ptr<uint8_t>();
   a.w_row_bytes = w.size(1);
   a.bias = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
   a.out = out.data_ptr();
-  a.M = xb.size(0);
-  a.K = xb.size(1);
+  a.M = x.size(0);
+  a.K = x.size(1);
   a.N = w.size(0);
   a.format = f;
   a.out_dtype = float_dtype(out, "quant_gemm");
@@ -151,8 +155,8 @@ at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
     strips_gemm(x, w, f, bias, strip_rows, out);
     return out;
   }
+  if (use_amx && amx_gemm(x, int8, w, f, bias, out)) return out;
   const auto xb = bf16_activations(x, int8);
-  if (use_amx && amx_gemm(xb, w, f, bias, out)) return out;
   if (out.scalar_type() == at::kBFloat16) {
     strips_gemm(xb, w, f, bias, strip_rows, out);
     return out;
