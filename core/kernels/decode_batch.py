@@ -8,9 +8,12 @@ linear (`plugserve.kernels.dense_amx`) where AMX runs, the float32 panel GEMM
 packs from the same caches, so the compiled step runs the same kernels on the same packs,
 with the same results. It asks the caches again whenever a weight's version counter or the
 ISA copy in use moves (a weight written in place, a switch of copy): exactly when they make
-a new pack. Rows no batch kernel of the stack's dtype takes (oneDNN's, the widening GEMM's,
-quantized weights past the few-row kernel) stay on the op-by-op path, as does every batch
-with `PLUGSERVE_BATCH_STACK=0`.
+a new pack. A stack whose projections are all quantized (a GGUF file's) takes every batch
+past the few-row kernel: the op-by-op path multiplies those rows with the many-row quantized
+path (`plugserve.kernels.quant_linear`), which reads the blocks as stored (no pack), and the
+compiled step calls the same. Rows no batch kernel of the stack's dtype takes (oneDNN's, the
+widening GEMM's, a mix of dense and quantized projections) stay on the op-by-op path, as does
+every batch with `PLUGSERVE_BATCH_STACK=0`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from plugserve.kernels import build, dense_amx
+from plugserve.kernels import build, dense_amx, quant_linear
 from plugserve.kernels import panel_gemm as panel
 from plugserve.kernels.packed_linear import weight_version
 
@@ -53,12 +56,16 @@ def _kind(weights: Sequence[torch.Tensor]) -> str | None:
 
 class BatchPacks:
     """The batch kernel and packs of a stack's dense projections (`layers`: per layer its
-    qkv, o, gate_up and down matrices; a quantized layer is None, and no batch runs)."""
+    qkv, o, gate_up and down matrices, or None where any of them is quantized; with
+    `all_quantized` every projection of every layer is, and batches need no pack)."""
 
-    def __init__(self, layers: Sequence[LayerMatrices | None]) -> None:
+    def __init__(self, layers: Sequence[LayerMatrices | None], all_quantized: bool = False,
+                 ) -> None:
         dense = [m for m in layers if m is not None]
         self.weights = [w for m in dense for w in m]
-        self.kind = _kind(self.weights) if len(dense) == len(layers) else None
+        self.kind = _kind(self.weights) if dense and len(dense) == len(layers) else None
+        if all_quantized and layers:
+            self.kind = "quantized"
         self._key: tuple[object, ...] | None = None
 
     def takes(self, hidden: torch.Tensor) -> bool:
@@ -67,6 +74,12 @@ class BatchPacks:
         the few-row kernel, where the kernel `applies`), no gradient being wanted."""
         if self.kind is None or not _ENABLED:
             return False
+        if self.kind == "quantized":
+            return (
+                not (torch.is_grad_enabled() and hidden.requires_grad) and hidden.ndim == 2
+                and hidden.shape[0] > quant_linear.MAX_FEW_ROWS and hidden.is_cpu
+                and hidden.dtype in (torch.float32, torch.bfloat16)
+            )
         first = self.weights[0]
         if torch.is_grad_enabled() and (hidden.requires_grad or first.requires_grad):
             return False
@@ -77,6 +90,8 @@ class BatchPacks:
     def packs_if_changed(self) -> list[list[torch.Tensor]] | None:
         """Per projection (`PROJECTIONS`), every layer's pack from the kernel's cache, where a
         weight or the ISA copy changed since the last call (the first call too); else None."""
+        if self.kind == "quantized":
+            return None  # the blocks are multiplied as stored
         library = build.library()
         assert library is not None, "a DecodeStack needs the CPU kernels"
         key = (library.isa(), *(weight_version(w) for w in self.weights))

@@ -16,7 +16,8 @@ path everywhere `applies` says no):
   step through all of them in one call, each layer's `decode_step` with its plan. Past the
   few-row kernel it also takes a decode batch whose dense projections the op-by-op path
   multiplies with a batch kernel (`takes_batch`: the bf16 AMX linear, the float32 panel
-  GEMM, against their cached packs; `plugserve.kernels.decode_batch`).
+  GEMM, against their cached packs; `plugserve.kernels.decode_batch`), or whose projections
+  are all quantized (the many-row quantized path, as the op-by-op path runs it).
 
 It takes the Llama form of the layer (no q/k norms, no sandwich norms, SiLU, plain RMSNorm
 weights) where the few-row linear kernel applies (`plugserve.kernels.skinny_linear`). A
@@ -89,7 +90,8 @@ def linear_reference(
 ) -> torch.Tensor:
     """The op-by-op path's projection: the few-row linear, dense or quantized (each part
     with its slice of the bias, the outputs joined, as `quant_weight.quant_matmul` does);
-    past its rows a dense weight's batch linear, as `plugserve.model.layers.linear` picks."""
+    past its rows a dense weight's batch linear, as `plugserve.model.layers.linear` picks,
+    and a quantized one's many-row path (`quant_linear.quant_linear` picks by rows)."""
     if not isinstance(weight, tuple):
         if skinny.applies(x, weight):
             return skinny.skinny_linear(x, weight, bias)
@@ -102,7 +104,7 @@ def linear_reference(
     outs, row = [], 0
     for part in weight:
         part_bias = None if bias is None else bias[row : row + part.rows]
-        outs.append(quant.few_rows(x, part, part_bias, activations))
+        outs.append(quant.quant_linear(x, part, part_bias, activations))
         row += part.rows
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
@@ -296,7 +298,9 @@ class DecodeStack:
             [w.gate_up_bias for w in f], [p for p, _ in down], [n for _, n in down],
             [w.down_bias for w in f], [int(w.activations == "int8") for w in f],
         )
-        self._batch = BatchPacks([_dense_matrices(w) for w in f])
+        self._batch = BatchPacks([_dense_matrices(w) for w in f], all(
+            isinstance(getattr(w, name), tuple) for w in f
+            for name in ("qkv", "o", "gate_up", "down")))
         # What set_kv gave the compiled stack last: every layer's (k, v) buffers and scales.
         self._kv: tuple[list[torch.Tensor], list[torch.Tensor], list[float]] | None = None
 

@@ -212,12 +212,13 @@ def _few_rows_apply(
 def _batch_rows_apply(
     hidden: torch.Tensor, qkv_weight: decode_layer.ProjWeight, cos: torch.Tensor
 ) -> bool:
-    """Whether these rows, past the few-row kernels, may go through the decode stack: dense
-    weights read as stored, rope angles of the layer's dtype (the stack's `takes_batch` says
-    whether its batch kernels take the rows)."""
+    """Whether these rows, past the few-row kernels, may go through the decode stack: weights
+    read as stored (quantized ones always are), rope angles of the layer's dtype (the stack's
+    `takes_batch` says whether its batch kernels take the rows)."""
     return (
-        not isinstance(qkv_weight, tuple) and cos.dtype == hidden.dtype and hidden.ndim == 2
-        and hidden.is_cpu and multiplies_as_stored(qkv_weight) and decode_layer.available()
+        (isinstance(qkv_weight, tuple) or multiplies_as_stored(qkv_weight))
+        and cos.dtype == hidden.dtype and hidden.ndim == 2 and hidden.is_cpu
+        and decode_layer.available()
     )
 
 

@@ -5,6 +5,7 @@ against torch in float64 over the dequantized weights."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -169,3 +170,38 @@ def test_quantized_parts_that_do_not_fit_are_refused() -> None:
     with pytest.raises(RuntimeError, match="q4_1 blocks of 64 columns must be uint8"):
         dl.attention_output_and_mlp(r["attn"], short, None, r["hidden"], w.post_norm, EPS,
                                     w.gate_up, None, w.down, None)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_stack_takes_decode_batches_bit_for_bit(
+    layout: str, activations: Activations, dtype: torch.dtype
+) -> None:
+    """Past the few-row kernel a stack of quantized layers runs the many-row quantized path
+    (AMX where it runs, else dequantize-and-GEMM) inside its one call: the same bits as the
+    layers op by op, outputs and caches; a stack mixing a dense layer in takes no batch."""
+    from tests.kernels.test_decode_stack_batch import _batch_plan, _copies
+
+    shape = LAYOUTS[layout][0]
+    stack = dl.DecodeStack([_layer(layout, seed == 1, dtype, seed, activations)
+                            for seed in range(2)])
+    for rows in (9, 24, 70):
+        r = _rows(shape, rows, dtype, seed=rows)
+        assert stack.takes_batch(r["hidden"])
+        plans = [_batch_plan(shape, rows, dtype, window=i == 1, seed=rows + i)
+                 for i in range(2)]
+        ref_plans = _copies(plans)
+        out = stack.run(r["hidden"], r["cos"], r["sin"], plans)
+        ref = stack.run_reference(r["hidden"], r["cos"], r["sin"], ref_plans)
+        assert out.dtype == dtype and torch.equal(out, ref)
+        for plan, ref_plan in zip(plans, ref_plans, strict=True):
+            assert torch.equal(plan.k_buffer, ref_plan.k_buffer)
+            assert torch.equal(plan.v_buffer, ref_plan.v_buffer)
+    assert not stack.takes_batch(_rows(shape, 8, dtype, seed=1)["hidden"])  # few rows
+    last = stack.layers[1]
+    dense = dataclasses.replace(last, qkv=_dense(last.qkv).to(dtype), o=_dense(last.o).to(dtype),
+                                gate_up=_dense(last.gate_up).to(dtype),
+                                down=_dense(last.down).to(dtype))
+    mixed = dl.DecodeStack([stack.layers[0], dense])
+    assert not mixed.takes_batch(_rows(shape, 24, dtype, seed=1)["hidden"])

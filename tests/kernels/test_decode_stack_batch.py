@@ -188,3 +188,33 @@ def test_model_batch_decode_equals_the_op_by_op_layers(
     assert rows == (3 * len(prompts) if takes else 0)
     for ours, ref in zip(stacked, op_by_op, strict=True):
         assert torch.equal(ours, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_model_batch_decode_equals_the_op_by_op_layers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """The same with every projection quantized on load (Q8_0, int8 activations): each decode
+    step of the 12 requests is one stack call, with the logits of the layers op by op."""
+    tiny_hf_model("llama3_rope_bias", tmp_path)
+    model = load_model(str(tmp_path), dtype=dtype, device="cpu", quantization="q8_0").model
+    assert all(isinstance(getattr(w, name), tuple) for w in
+               (layer.decode_weights() for layer in model.decoder_layers)
+               for name in ("qkv", "o", "gate_up", "down"))
+    prompts = random_prompts([2 + i % 5 for i in range(12)], seed=9)
+    rows = 0
+    real_run = dl.DecodeStack.run
+
+    def counting(self: dl.DecodeStack, hidden: torch.Tensor, *args: Any) -> torch.Tensor:
+        nonlocal rows
+        rows += hidden.shape[0]
+        return real_run(self, hidden, *args)
+
+    monkeypatch.setattr(dl.DecodeStack, "run", counting)
+    stacked = _model_logits(model, prompts)
+    assert rows == 3 * len(prompts)
+    monkeypatch.setattr(db, "_ENABLED", False)
+    op_by_op = _model_logits(model, prompts)
+    assert rows == 3 * len(prompts)
+    for ours, ref in zip(stacked, op_by_op, strict=True):
+        assert torch.equal(ours, ref)

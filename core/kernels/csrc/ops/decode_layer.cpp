@@ -22,10 +22,13 @@
 // Past the few-row kernel's rows (a decode batch of 9 .. ~96 rows), a dense projection may
 // come with its batch pack, and then goes to the kernel plugserve.model.layers._dense_linear
 // picks for those rows: the AMX linear for bf16 (ops/dense_amx.cpp), the panel GEMM for
-// float32 (ops/linear.cpp). The Python side (plugserve.kernels.decode_layer.DecodeStack) says
-// which rows take which kernel and hands the packs from the kernels' own caches.
+// float32 (ops/linear.cpp); a quantized one goes to the many-row quantized path
+// (ops/quant_linear.cpp: quant_gemm), part by part. The Python side
+// (plugserve.kernels.decode_layer.DecodeStack) says which rows take which kernel and hands
+// the packs from the kernels' own caches.
 #include <ATen/ops/cat.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +57,12 @@ void check_norm(const at::Tensor& x, const at::Tensor& w, const char* what) {
   TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(1) && w.scalar_type() == x.scalar_type(),
               what, ": the norm weight must be [", x.size(1), "] of ", x.scalar_type());
 }
+
+// plugserve.kernels.quant_linear's MAX_FEW_ROWS and STRIP_BYTES: the rows up to which a
+// quantized projection takes the few-row kernel, and the dequantized bytes per strip of the
+// many-row path's fallback (the decode stack multiplies as the op-by-op path does).
+constexpr int64_t kQuantFewRows = 8;
+constexpr int64_t kQuantStripBytes = int64_t{8} << 20;
 
 // `buffer` where it has exactly `sizes` (and there is a scratch at all), else undefined (the
 // op then allocates).
@@ -85,20 +94,32 @@ at::Tensor linear(const at::Tensor& x, const Tensors& w, const Strings& formats,
               formats.size(), " quantized part(s)");
   TORCH_CHECK(w.size() == formats.size(), what, ": ", w.size(), " quantized parts for ",
               formats.size(), " formats");
-  if (w.size() == 1) return quant_linear(x, w[0], formats[0], bias, int8_activations, out);
+  const bool batch = x.size(0) > kQuantFewRows;
+  // One part: the few-row kernel, or past its rows the many-row path with the strips
+  // plugserve.kernels.quant_linear gives it (the dequantize-and-GEMM path's, where no AMX).
+  const auto one = [&](const at::Tensor& part, const std::string& format,
+                       const OptTensor& part_bias, const at::Tensor& into) {
+    if (!batch) return quant_linear(x, part, format, part_bias, int8_activations, into);
+    const bool f32 = !int8_activations && x.scalar_type() == at::kFloat;
+    const int64_t itemsize = f32 ? 4 : 2;
+    const int64_t strip = std::max<int64_t>(
+        16, kQuantStripBytes / std::max<int64_t>(1, x.size(1) * itemsize) / 16 * 16);
+    return quant_gemm(x, part, format, part_bias, int8_activations, strip, true);
+  };
+  if (w.size() == 1) return one(w[0], formats[0], bias, out);
   int64_t outputs = 0;
   for (const auto& part : w) outputs += part.size(0);
   const bool has_bias = bias.has_value() && bias->defined();
   TORCH_CHECK(!has_bias || bias->numel() == outputs, what, ": bias has ", bias->numel(),
               " values for ", outputs, " outputs");
   // The same values as part by part (each output row is computed alone), in one pass.
-  if (int8_activations) return quant_linear_parts(x, w, formats, bias, out);
+  if (int8_activations && !batch) return quant_linear_parts(x, w, formats, bias, out);
   Tensors outs;
   int64_t row = 0;
   for (size_t i = 0; i < w.size(); ++i) {  // as plugserve.model.quant_weight.quant_matmul
     const int64_t rows = w[i].size(0);
     const OptTensor part_bias = has_bias ? OptTensor(bias->narrow(0, row, rows)) : std::nullopt;
-    outs.push_back(quant_linear(x, w[i], formats[i], part_bias, int8_activations));
+    outs.push_back(one(w[i], formats[i], part_bias, at::Tensor()));
     row += rows;
   }
   return at::cat(outs, 1);

@@ -31,6 +31,7 @@ struct DecodeStack : torch::CustomClassHolder {
   std::vector<double> input_eps, post_eps;
   std::vector<int64_t> heads, kv_heads, head_dim, int8_activations;
   std::vector<LayerPacks> packs;  // none, or one per layer
+  bool all_quantized = false;     // every projection of every layer is GGML blocks
   Tensors kv_k, kv_v;  // set_kv: every layer's cache buffers, for run_shared
   std::vector<double> kv_scales;
 
@@ -60,6 +61,22 @@ struct DecodeStack : torch::CustomClassHolder {
       TORCH_CHECK(size == n, "DecodeStack: every field needs one entry per layer (", n,
                   " layers), one has ", size);
     }
+    all_quantized = n > 0;
+    for (size_t i = 0; i < n; ++i) {
+      all_quantized = all_quantized && !qkv_f[i].empty() && !o_f[i].empty() &&
+                      !gate_up_f[i].empty() && !down_f[i].empty();
+    }
+  }
+  // Batch rows need every layer's batch packs (set_packs), unless no projection is dense:
+  // the quantized ones multiply their blocks as stored.
+  void check_batch(bool batch, const char* what) const {
+    TORCH_CHECK(!batch || all_quantized || packs.size() == input_norm_w.size(), what,
+                ": batch rows need every layer's batch packs (set_packs), the stack holds ",
+                packs.size(), " for ", input_norm_w.size(), " layers");
+  }
+  const LayerPacks& packs_of(size_t layer, bool batch) const {
+    static const LayerPacks none;
+    return batch && !packs.empty() ? packs[layer] : none;
   }
 
   int64_t layers() const { return static_cast<int64_t>(input_norm_w.size()); }
@@ -115,10 +132,7 @@ struct DecodeStack : torch::CustomClassHolder {
     const size_t n = input_norm_w.size();
     TORCH_CHECK(kv_k.size() == n, "DecodeStack.run_shared: the KV buffers of the ", n,
                 " layers are needed first (set_kv), the stack holds ", kv_k.size());
-    TORCH_CHECK(!batch || packs.size() == n, "DecodeStack.run_shared: batch rows need every "
-                "layer's batch packs (set_packs), the stack holds ", packs.size(), " for ", n,
-                " layers");
-    const LayerPacks none;
+    check_batch(batch, "DecodeStack.run_shared");
     auto scratch = few_rows_scratch(hidden, batch);
     for (size_t i = 0; i < n; ++i) {
       hidden = decode_step_packed(
@@ -126,7 +140,7 @@ struct DecodeStack : torch::CustomClassHolder {
           heads[i], kv_heads[i], head_dim[i], kv_k[i], kv_v[i], store_slots, slots, first_key,
           kv_lens, kv_scales[i], o_w[i], o_f[i], o_b[i], post_norm_w[i], post_eps[i],
           gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i], down_f[i], down_b[i],
-          int8_activations[i] != 0, batch ? packs[i] : none, scratch.get());
+          int8_activations[i] != 0, packs_of(i, batch), scratch.get());
     }
     return hidden;
   }
@@ -145,9 +159,7 @@ struct DecodeStack : torch::CustomClassHolder {
       TORCH_CHECK(size == n, "DecodeStack.run: one plan per layer is needed (", n,
                   " layers), got ", size);
     }
-    TORCH_CHECK(!batch || packs.size() == n, "DecodeStack.run: batch rows need every layer's "
-                "batch packs (set_packs), the stack holds ", packs.size(), " for ", n, " layers");
-    const LayerPacks none;
+    check_batch(batch, "DecodeStack.run");
     auto scratch = few_rows_scratch(hidden, batch);
     for (size_t i = 0; i < n; ++i) {
       hidden = decode_step_packed(
@@ -155,7 +167,7 @@ struct DecodeStack : torch::CustomClassHolder {
           heads[i], kv_heads[i], head_dim[i], k_buffers[i], v_buffers[i], store_slots[i],
           slots[i], first_key[i], kv_lens[i], scales[i], o_w[i], o_f[i], o_b[i],
           post_norm_w[i], post_eps[i], gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i],
-          down_f[i], down_b[i], int8_activations[i] != 0, batch ? packs[i] : none,
+          down_f[i], down_b[i], int8_activations[i] != 0, packs_of(i, batch),
           scratch.get());
     }
     return hidden;

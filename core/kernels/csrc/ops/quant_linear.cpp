@@ -133,6 +133,8 @@ bool amx_gemm(const at::Tensor& x, bool int8, const at::Tensor& w, QuantFormat f
   return kernels().quant_gemm_amx(a);
 }
 
+}  // namespace
+
 // The many-row path. Float activations in float32: strips of float32 weights, the float32
 // GEMM. Int8 activations (any x) and bf16 x: x in bf16 (rounded through int8 first for int8
 // activations), float32 sums over bf16 weights: the AMX kernel where it runs (use_amx), else
@@ -170,6 +172,8 @@ at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
   }
   return out;
 }
+
+namespace {
 
 bool quant_amx_usable() { return kernels().amx_usable(); }
 
