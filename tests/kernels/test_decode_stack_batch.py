@@ -161,16 +161,13 @@ def test_packs_follow_weight_writes_and_isa_switches(dtype: torch.dtype) -> None
                 _check_run(stack, SMALL, 16, dtype, seed=4)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_model_batch_decode_equals_the_op_by_op_layers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+def _batch_decode_through_the_stack(
+    monkeypatch: pytest.MonkeyPatch, model: Any, seed: int, takes: bool
 ) -> None:
-    """A tiny model's decode steps over 12 requests (different context lengths) give the
-    same logits through the stack's batch path as through the layers op by op, and every
-    decode step is one stack call where the batch kernels take its rows."""
-    tiny_hf_model("llama3_rope_bias", tmp_path)
-    model = load_model(str(tmp_path), dtype=dtype, device="cpu").model
-    prompts = random_prompts([2 + i % 5 for i in range(12)], seed=8)
+    """The model's decode steps over 12 requests (different context lengths) give the same
+    logits through the stack's batch path as through the layers op by op, and every decode
+    step is one stack call where `takes` (none otherwise)."""
+    prompts = random_prompts([2 + i % 5 for i in range(12)], seed=seed)
     rows = 0
     real_run = dl.DecodeStack.run
 
@@ -181,40 +178,34 @@ def test_model_batch_decode_equals_the_op_by_op_layers(
 
     monkeypatch.setattr(dl.DecodeStack, "run", counting)
     stacked = _model_logits(model, prompts)
-    takes = dtype == torch.float32 or dense_amx.amx_usable()
     assert rows == (3 * len(prompts) if takes else 0)
     monkeypatch.setattr(db, "_ENABLED", False)
     op_by_op = _model_logits(model, prompts)
     assert rows == (3 * len(prompts) if takes else 0)
     for ours, ref in zip(stacked, op_by_op, strict=True):
         assert torch.equal(ours, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_batch_decode_equals_the_op_by_op_layers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """A tiny model: where the batch kernels take the rows (float32; bf16 on AMX)."""
+    tiny_hf_model("llama3_rope_bias", tmp_path)
+    model = load_model(str(tmp_path), dtype=dtype, device="cpu").model
+    takes = dtype == torch.float32 or dense_amx.amx_usable()
+    _batch_decode_through_the_stack(monkeypatch, model, 8, takes)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_quantized_model_batch_decode_equals_the_op_by_op_layers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
 ) -> None:
-    """The same with every projection quantized on load (Q8_0, int8 activations): each decode
-    step of the 12 requests is one stack call, with the logits of the layers op by op."""
+    """The same with every projection quantized on load (Q8_0, int8 activations): the stack
+    takes every decode batch (the many-row quantized path needs no pack)."""
     tiny_hf_model("llama3_rope_bias", tmp_path)
     model = load_model(str(tmp_path), dtype=dtype, device="cpu", quantization="q8_0").model
     assert all(isinstance(getattr(w, name), tuple) for w in
                (layer.decode_weights() for layer in model.decoder_layers)
                for name in ("qkv", "o", "gate_up", "down"))
-    prompts = random_prompts([2 + i % 5 for i in range(12)], seed=9)
-    rows = 0
-    real_run = dl.DecodeStack.run
-
-    def counting(self: dl.DecodeStack, hidden: torch.Tensor, *args: Any) -> torch.Tensor:
-        nonlocal rows
-        rows += hidden.shape[0]
-        return real_run(self, hidden, *args)
-
-    monkeypatch.setattr(dl.DecodeStack, "run", counting)
-    stacked = _model_logits(model, prompts)
-    assert rows == 3 * len(prompts)
-    monkeypatch.setattr(db, "_ENABLED", False)
-    op_by_op = _model_logits(model, prompts)
-    assert rows == 3 * len(prompts)
-    for ours, ref in zip(stacked, op_by_op, strict=True):
-        assert torch.equal(ours, ref)
+    _batch_decode_through_the_stack(monkeypatch, model, 9, True)
