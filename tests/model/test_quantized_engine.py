@@ -7,7 +7,8 @@
   every matrix as its blocks;
 - matrices whose columns are not whole blocks stay dense, listed in one log line;
 - a Q8_0 / Q4_1 GGUF's decode steps through the compiled decode stack give the greedy tokens
-  of the per-layer path, with int8 and float activations;
+  of the per-layer path, with int8 and float activations, decode batches past the few-row
+  kernel included;
 - `kv_cache_dtype="auto"` stores bfloat16 KV for a GGUF's quantized weights with int8
   activations in float32, and the compute dtype otherwise (float activations, dequantized
   weights, an HF folder quantized on load, a backend without a bfloat16 cache).
@@ -25,7 +26,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from plugserve.kernels import decode_layer
+from plugserve.kernels import decode_batch, decode_layer
 from plugserve.model.quant_on_load import is_layer_matrix
 from plugserve.quant.quantize import quantize
 from plugserve.quant.reference import dequantize
@@ -115,6 +116,47 @@ class TestQuantizedEngine(EngineTest):
         monkeypatch.setattr(decode_layer, "applies", lambda *args: False)
         per_layer, _ = self._greedy(**config)
         assert runs == compiled_runs and compiled == per_layer
+
+    @pytest.mark.parametrize("quant", ["Q8_0", "Q4_1"])
+    @pytest.mark.parametrize("activations", ["int8", "float"])
+    def test_gguf_decode_batches_through_the_stack_match_the_per_layer_path(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quant: str, activations: str
+    ) -> None:
+        """Twelve requests: the decode batches past the few-row kernel run in the stack (one
+        call a step, the many-row quantized path inside), with the per-layer path's greedy
+        tokens; with float activations those are transformers' for the same file."""
+        if not decode_layer.available():
+            pytest.skip(f"decode_layer kernel unavailable: {decode_layer.why_unavailable()}")
+        hf = tiny_hf_model("llama", tmp_path / "hf", seed=11)
+        write_tiny_gguf(hf, tmp_path / "tiny.gguf", quant=quant)
+        prompts = random_prompts(12, 256, 3, 30, seed=23)
+        max_new = [6 + i % 5 for i in range(12)]
+        batch_rows = 0
+        real_run = decode_layer.DecodeStack.run
+
+        def counting(stack: decode_layer.DecodeStack, hidden: torch.Tensor, *args: Any) -> Any:
+            nonlocal batch_rows
+            if hidden.shape[0] > 8:
+                batch_rows += hidden.shape[0]
+            return real_run(stack, hidden, *args)
+
+        def greedy() -> list[list[int]]:
+            config = {"model": str(tmp_path / "tiny.gguf"), "quant_activations": activations}
+            with self.engine(**config) as engine:
+                sampling = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in max_new]
+                got = [r.token_ids for r in engine.generate(prompts, sampling)]
+                self.assert_idle_memory_whole(engine)
+            return got
+
+        monkeypatch.setattr(decode_layer.DecodeStack, "run", counting)
+        stacked = greedy()
+        stacked_rows = batch_rows
+        assert stacked_rows >= 12 * (min(max_new) - 1)  # 12 rows a step until one finishes
+        monkeypatch.setattr(decode_batch, "_ENABLED", False)
+        assert greedy() == stacked
+        assert batch_rows == stacked_rows  # the per-layer path: no batch through the stack
+        if activations == "float":
+            assert stacked == hf_greedy(tmp_path, prompts, max_new, gguf_file="tiny.gguf")
 
     @pytest.mark.parametrize("quantization", ["q8_0", "q4_0", "q4_k"])
     def test_quantization_on_load_matches_the_dequantized_model(
