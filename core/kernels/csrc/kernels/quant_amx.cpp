@@ -131,15 +131,18 @@ void pack_strip(const QuantGemmArgs& a, int64_t n0, int64_t rows, BF16* strip) {
 // hundred KiB, stays in L2).
 template <QuantFormat Fmt, typename TO>
 void gemm_strips(const QuantGemmArgs& args) {
-  // x (a few hundred rows) in bf16 once, every strip's products read it from there.
+  // x (a few hundred rows) in bf16 once, zero-padded to whole 32-row blocks, every strip's
+  // products read it from there (the last partial block in place: no tail copy).
   QuantGemmArgs a = args;
-  BF16* xb = aligned_bf16(a.M * a.K);
+  const int64_t padded = (a.M + 31) / 32 * 32;
+  BF16* xb = aligned_bf16(padded * a.K);
   at::parallel_for(0, a.M, 16, [&](int64_t begin, int64_t end) {
     x_rows_as_bf16(args, begin, end - begin, xb + begin * a.K, a.K, end - begin);
   });
+  std::memset(static_cast<void*>(xb + a.M * a.K), 0, (padded - a.M) * a.K * sizeof(BF16));
   a.x = xb;
   a.x_stride = a.K;
-  const amx::XTail x_tail = amx::x_tail(a);
+  const BF16* x_tail = a.M % 32 != 0 ? xb + a.M / 32 * 32 * a.K : nullptr;
   const int64_t strips = (a.N + kStrip - 1) / kStrip;
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
     configure_tiles();
@@ -147,7 +150,7 @@ void gemm_strips(const QuantGemmArgs& args) {
     for (int64_t s = begin; s < end; ++s) {
       const int64_t n0 = s * kStrip, n_count = std::min(kStrip, a.N - n0);
       pack_strip<Fmt>(a, n0, n_count, strip);
-      amx::multiply_strip<TO>(a, strip, x_tail.data(), n0, n_count, [](int64_t, int64_t) {});
+      amx::multiply_strip<TO>(a, strip, x_tail, n0, n_count, [](int64_t, int64_t) {});
     }
     std::free(strip);
     _tile_release();
