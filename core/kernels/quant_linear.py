@@ -11,16 +11,18 @@ Two compiled paths, chosen by the rows of x:
   products (AVX512-VNNI, or AVX-512BW / AVX2 `maddubs`), float activations with the blocks
   widened to float32;
 - more rows (prefill, batched decode; `ops.quant_gemm`): with int8 activations (any x) or
-  bf16 x, a bf16 product with float32 sums, x taken to bf16 once (rounded through int8 per
-  32-block first for int8 activations) and the result returned in x's dtype: on AMX tiles
-  where `amx_available()` (`csrc/kernels/quant_amx.cpp`: strips of 32 weight rows dequantized
-  into the B tiles' layout, reused across all rows of x; past 256 rows the whole weight
-  first, then panels of x against it, the dense AMX kernel's prefill order), else, and for a
-  prefill's rows against a weight of more than 2 MiB in bf16 (where oneDNN's GEMM is the
-  faster, as for the dense weights), the matrix dequantized to bf16 in strips of up to
-  `STRIP_BYTES` (usually whole) and one dense GEMM per strip written in place into the
-  output. Float activations with float32 x stay float32: strips of
-  float32 weights through the float32 GEMM (x @ dequantize(w).T up to summation order).
+  bf16 x, x is rounded through int8 per 32-block first for int8 activations, then: on AMX
+  tiles where `amx_available()` (`csrc/kernels/quant_amx.cpp`: a bf16 product with float32
+  sums; strips of 32 weight rows dequantized into the B tiles' layout, reused across all rows
+  of x; past 256 rows the whole weight first, then panels of x against it, the dense AMX
+  kernel's prefill order), else, and for a prefill's rows against a weight of more than 2 MiB
+  in bf16 (where oneDNN's GEMM is the faster, as for the dense weights), the matrix
+  dequantized in strips of up to `STRIP_BYTES` (usually whole) and one dense GEMM per strip
+  written in place into the output: in bf16 where the kernel copy in use multiplies bf16
+  natively (`avx512_bf16`), in float32 elsewhere (oneDNN's bf16 GEMM is 5-10x slower than its
+  float32 one on a CPU without AVX512-BF16); the result in x's dtype. Float activations with
+  float32 x stay float32: strips of float32 weights through the float32 GEMM (x @
+  dequantize(w).T up to summation order).
 Without the compiled kernels (`PLUGSERVE_CPU_KERNELS=0`, no compiler) the pure-torch
 reference runs.
 """
@@ -37,10 +39,10 @@ from plugserve.quant.reference import Activations, reference_linear
 # few-row kernel's limit (skinny_linear.MAX_ROWS), not yet measured for the quantized kernels
 # (`benchmarks/quant_linear_speed.py --rows R` times the streaming kernel at R rows).
 MAX_FEW_ROWS = 8
-# Bytes of dequantized weight per strip of the dequantize-and-GEMM path: up to this much, the
-# whole matrix is dequantized and multiplied by one GEMM call (fewer, larger GEMMs run faster
-# than tiles that fit L2: see the module doc); larger matrices (a vocabulary's head) go in
-# strips of this size.
+# Bytes of dequantized weight per strip of the dequantize-and-GEMM path (whole rows, a
+# multiple of 16, at least 16): up to this much, the whole matrix is dequantized and
+# multiplied by one GEMM call (fewer, larger GEMMs run faster than tiles that fit L2: see the
+# module doc); larger matrices (a vocabulary's head) go in strips of this size.
 STRIP_BYTES = 8 << 20
 ACTIVATIONS = ("int8", "float")
 
@@ -54,15 +56,6 @@ def amx_available() -> bool:
     """Whether the many-row path runs on AMX tiles here (the CPU has AMX-BF16, the OS lets
     this process use the tile state, and the kernels were compiled with AMX)."""
     return available() and bool(build.ops().quant_amx_usable())
-
-
-def strip_rows(cols: int, dtype: torch.dtype) -> int:
-    """Weight rows per dequantized strip of the dequantize-and-GEMM path (a multiple of 16)."""
-    return max(16, STRIP_BYTES // max(1, cols * dtype.itemsize) // 16 * 16)
-
-
-def _gemm_dtype(x: torch.Tensor, activations: Activations) -> torch.dtype:
-    return torch.float32 if activations == "float" and x.dtype == torch.float32 else torch.bfloat16
 
 
 def quant_linear(
@@ -82,8 +75,7 @@ def quant_linear(
     if flat.shape[0] <= MAX_FEW_ROWS:
         out = ops.quant_linear(flat, w.data, w.qtype.name, bias, int8)
     else:
-        out = ops.quant_gemm(flat, w.data, w.qtype.name, bias, int8,
-                             strip_rows(w.cols, _gemm_dtype(x, activations)), True)
+        out = ops.quant_gemm(flat, w.data, w.qtype.name, bias, int8, STRIP_BYTES, True)
     result: torch.Tensor = out if x.dim() == 2 else out.reshape(*x.shape[:-1], w.rows)
     return result
 
@@ -105,8 +97,7 @@ def many_rows(
     """The many-row path for any number of rows of x [rows, cols]; amx=False keeps it off the
     AMX kernel (the dequantize-and-GEMM path, as on a CPU without AMX)."""
     out: torch.Tensor = build.ops().quant_gemm(
-        x, w.data, w.qtype.name, bias, activations == "int8",
-        strip_rows(w.cols, _gemm_dtype(x, activations)), amx,
+        x, w.data, w.qtype.name, bias, activations == "int8", STRIP_BYTES, amx
     )
     return out
 

@@ -148,8 +148,32 @@ def test_many_rows_matches_reference(name: str, activations: Activations,
         cols = _cols(name)[-1]
         w = weight(name, out, cols)
         x, b = _inputs(rows, cols, out, dtype, bias, seed=rows)
-        bf16_gemm = activations == "int8" or dtype == torch.bfloat16
-        _check(ql.many_rows(x, w, b, activations, amx=amx), x, w, b, activations, bf16_gemm)
+        _check(ql.many_rows(x, w, b, activations, amx=amx), x, w, b, activations,
+               _multiplies_in_bf16(activations, dtype, amx))
+
+
+def _multiplies_in_bf16(activations: Activations, dtype: torch.dtype, amx: bool) -> bool:
+    """Whether the many-row path multiplies bf16 operands here (int8 activations or bf16 x):
+    on AMX tiles, or through oneDNN where the copy in use multiplies bf16 natively. A copy
+    without native bf16 products multiplies in float32, held to the float32 bounds."""
+    if activations == "float" and dtype == torch.float32:
+        return False
+    library = build.library()
+    assert library is not None
+    return (amx and ql.amx_available()) or library.bf16_dot
+
+
+def test_many_rows_without_native_bf16_multiply_in_float32() -> None:
+    # int8 activations of a float32 x, no AMX: on a copy without bf16 dot products (AVX2,
+    # AVX-512 without AVX512-BF16) the product is float32, within float32 error of the exact
+    # one; a bf16 product is ~2^-8 of sum |x w| off and fails the bound.
+    library = build.library()
+    assert library is not None
+    if library.bf16_dot:
+        pytest.skip(f"the copy in use ({library.isa()}) multiplies bf16 natively")
+    w = weight("q4_1", 70, 576)
+    x, b = _inputs(40, 576, 70, torch.float32, True, seed=11)
+    _check(ql.many_rows(x, w, b, "int8", amx=False), x, w, b, "int8")
 
 
 @pytest.mark.parametrize("name", ["q8_0", "q4_k"])
@@ -197,21 +221,24 @@ def test_bf16_gemm_rounds_activations_as_the_reference(dtype: torch.dtype) -> No
     x[0, 31] = 127.0
     x[1, 32:64] = 0.0
     x = x.to(dtype)
-    got = build.ops().quant_gemm_activations(x, True)
-    assert got.dtype == torch.bfloat16
-    assert torch.equal(got, quantize_activations_int8(x).bfloat16())
-    assert torch.equal(build.ops().quant_gemm_activations(x, False), x.bfloat16())
+    for gemm_dtype in (torch.bfloat16, torch.float32):
+        got = build.ops().quant_gemm_activations(x, True, gemm_dtype)
+        assert got.dtype == gemm_dtype
+        assert torch.equal(got, quantize_activations_int8(x).to(gemm_dtype))
+        assert torch.equal(build.ops().quant_gemm_activations(x, False, gemm_dtype),
+                           x.to(gemm_dtype))
 
 
 def test_many_rows_strips_the_weight(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Strips of 16 rows over 50 output rows: three whole strips and a partial one.
+    # Strips of 16 float32 rows over 50 output rows: three whole strips and a partial one
+    # (32-row strips in bf16); int8 activations too.
     monkeypatch.setattr(ql, "STRIP_BYTES", 16 * 96 * 4)
-    assert ql.strip_rows(96, torch.float32) == 16
     w = weight("q4_1", 50, 96)
     for dtype in (torch.float32, torch.bfloat16):
-        x, b = _inputs(12, 96, 50, dtype, True, seed=4)
-        _check(ql.many_rows(x, w, b, "float", amx=False), x, w, b, "float",
-               dtype == torch.bfloat16)
+        for activations in ("float", "int8"):
+            x, b = _inputs(12, 96, 50, dtype, True, seed=4)
+            _check(ql.many_rows(x, w, b, activations, amx=False), x, w, b, activations,
+                   _multiplies_in_bf16(activations, dtype, False))
 
 
 @pytest.mark.parametrize("activations", ["int8", "float"])
@@ -221,7 +248,7 @@ def test_entry_chooses_by_rows_and_keeps_leading_dims(activations: Activations) 
         x, b = _inputs(rows, 96, 40, torch.float32, True, seed=rows)
         out = ql.quant_linear(x.reshape(1, rows, 96), w, b, activations)
         assert out.shape == (1, rows, 40)
-        many = rows > ql.MAX_FEW_ROWS and activations == "int8"  # the bf16 GEMM
+        many = rows > ql.MAX_FEW_ROWS and _multiplies_in_bf16(activations, x.dtype, True)
         _check(out.reshape(rows, 40), x, w, b, activations, many)
 
 

@@ -258,16 +258,17 @@ struct QuantDequantizeArgs {
   Dtype dtype;
 };
 
-// out [M, K] bf16 (contiguous) = x [M, K] (`dtype`: f32 or bf16, rows x_stride apart) as the
-// many-row quantized GEMM multiplies it: rounded through int8 per 32-block (the few-row
-// kernel's int8 activations: scale max|x| / 127 kept as fp16, quants rounded half to even)
-// when int8, else as is; the value then rounded to bf16.
+// out [M, K] (`out_dtype`: bf16 or f32, contiguous) = x [M, K] (`dtype`: f32 or bf16, rows
+// x_stride apart) as the many-row quantized GEMM multiplies it: rounded through int8 per
+// 32-block (the few-row kernel's int8 activations: scale max|x| / 127 kept as fp16, quants
+// rounded half to even) when int8, else as is; the value then rounded to out_dtype.
 struct QuantActivationsArgs {
   const void* x;
   int64_t x_stride;
   void* out;
   int64_t M, K;
-  Dtype dtype;
+  Dtype dtype;      // x's
+  Dtype out_dtype;  // out's (f32 or bf16, contiguous)
   bool int8;
 };
 

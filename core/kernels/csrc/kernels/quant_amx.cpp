@@ -73,9 +73,9 @@ void x_rows_as_bf16(const QuantGemmArgs& a, int64_t m0, int64_t rows, BF16* out,
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t at = (m0 + r) * a.x_stride;
     if (a.x_dtype == Dtype::f32) {
-      quant::row_as_bf16(static_cast<const float*>(a.x) + at, a.K, a.int8, out + r * stride);
+      quant::row_as(static_cast<const float*>(a.x) + at, a.K, a.int8, out + r * stride);
     } else {
-      quant::row_as_bf16(static_cast<const BF16*>(a.x) + at, a.K, a.int8, out + r * stride);
+      quant::row_as(static_cast<const BF16*>(a.x) + at, a.K, a.int8, out + r * stride);
     }
   }
   for (int64_t r = rows; r < padded; ++r)

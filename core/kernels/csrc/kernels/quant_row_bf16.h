@@ -1,6 +1,7 @@
 // A row of x as the many-row quantized GEMM multiplies it (included by quant_gemm.cpp and
-// quant_amx.cpp inside their ISA namespace, after quant_blocks.h): bf16, rounded through
-// int8 per 32-block first for int8 activations (as reference.quantize_activations_int8).
+// quant_amx.cpp inside their ISA namespace, after quant_blocks.h): bf16 (float32 where the
+// copy has no native bf16 product), rounded through int8 per 32-block first for int8
+// activations (as reference.quantize_activations_int8).
 #pragma once
 
 #include <algorithm>
@@ -38,9 +39,10 @@ inline __m512 max_of_each(__m512 m[16]) {
 
 // One row of x: each 32-block rounded through int8 (as reference.quantize_activations_int8:
 // divide by the float32 scale, round half to even, multiply by the scale rounded to fp16),
-// then to bf16.
-template <typename T>
-inline void round_row_int8(const T* x, int64_t K, BF16* out) {
+// then to O (bf16 or float32).
+template <typename T, typename O>
+inline void round_row_int8(const T* x, int64_t K, O* out) {
+  static_assert(std::is_same_v<O, BF16> || std::is_same_v<O, float>);
 #if defined(CPU_CAPABILITY_AVX512)
   const auto load32 = [&](int64_t k, __m512& lo, __m512& hi) {
     if constexpr (std::is_same_v<T, float>) {
@@ -101,11 +103,17 @@ inline void round_row_int8(const T* x, int64_t K, BF16* out) {
       }
       qlo = _mm512_mul_ps(qlo, _mm512_set1_ps(d[j]));
       qhi = _mm512_mul_ps(qhi, _mm512_set1_ps(d[j]));
+      if constexpr (std::is_same_v<O, float>) {
+        _mm512_storeu_ps(out + k0, qlo);
+        _mm512_storeu_ps(out + k0 + 16, qhi);
+      } else {
 #if defined(__AVX512BF16__)
-      _mm512_storeu_si512(out + k0, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(qhi, qlo)));
+        _mm512_storeu_si512(out + k0,
+                            reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(qhi, qlo)));
 #else
-      at::vec::convert_float_bfloat16(vec::F(qlo), vec::F(qhi)).store(out + k0);
+        at::vec::convert_float_bfloat16(vec::F(qlo), vec::F(qhi)).store(out + k0);
 #endif
+      }
     }
   }
   return;
@@ -121,22 +129,22 @@ inline void round_row_int8(const T* x, int64_t K, BF16* out) {
     const float d = vec::round_to<vec::Half>(scale);
     for (int i = 0; i < kBlock; ++i) {
       const float q = scale > 0.0f ? std::nearbyint(v[i] / scale) : 0.0f;
-      out[k0 + i] = vec::from_float<BF16>(q * d);
+      out[k0 + i] = vec::from_float<O>(q * d);
     }
   }
 }
 
-// x [K] (float or BF16) into out [K] bf16: rounded through int8 per 32-block when int8
-// (K a multiple of 32), else as is.
-template <typename T>
-inline void row_as_bf16(const T* x, int64_t K, bool int8, BF16* out) {
+// x [K] (float or BF16) into out [K] of O (bf16 or float32): rounded through int8 per
+// 32-block when int8 (K a multiple of 32), else as is.
+template <typename T, typename O>
+inline void row_as(const T* x, int64_t K, bool int8, O* out) {
   if (int8) {
     round_row_int8(x, K, out);
-  } else if constexpr (std::is_same_v<T, BF16>) {
-    std::memcpy(static_cast<void*>(out), x, K * sizeof(BF16));
+  } else if constexpr (std::is_same_v<T, O>) {
+    std::memcpy(static_cast<void*>(out), x, K * sizeof(O));
   } else {
 #pragma omp simd
-    for (int64_t k = 0; k < K; ++k) out[k] = vec::from_float<BF16>(vec::to_float(x[k]));
+    for (int64_t k = 0; k < K; ++k) out[k] = vec::from_float<O>(vec::to_float(x[k]));
   }
 }
 

@@ -91,10 +91,10 @@ at::Tensor quant_linear_parts(at::Tensor x, const std::vector<at::Tensor>& w,
 
 // The many-row path over GGML blocks (ops/quant_linear.cpp; plugserve.kernels.quant_linear
 // calls it past MAX_FEW_ROWS rows): the AMX kernel where use_amx and it runs, else strips of
-// up to strip_rows dequantized weight rows through oneDNN; the result in x's dtype.
+// up to strip_bytes of dequantized weight through oneDNN; the result in x's dtype.
 at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
                       const std::optional<at::Tensor>& bias, bool int8_activations,
-                      int64_t strip_rows, bool use_amx);
+                      int64_t strip_bytes, bool use_amx);
 
 // The batch linears against their packed weights (ops/dense_amx.cpp, ops/linear.cpp):
 // x [M, K] bf16 @ w.T (+ bias) on AMX tiles, w packed by plugserve.kernels.dense_amx.pack;

@@ -100,11 +100,7 @@ at::Tensor linear(const at::Tensor& x, const Tensors& w, const Strings& formats,
   const auto one = [&](const at::Tensor& part, const std::string& format,
                        const OptTensor& part_bias, const at::Tensor& into) {
     if (!batch) return quant_linear(x, part, format, part_bias, int8_activations, into);
-    const bool f32 = !int8_activations && x.scalar_type() == at::kFloat;
-    const int64_t itemsize = f32 ? 4 : 2;
-    const int64_t strip = std::max<int64_t>(
-        16, kQuantStripBytes / std::max<int64_t>(1, x.size(1) * itemsize) / 16 * 16);
-    return quant_gemm(x, part, format, part_bias, int8_activations, strip, true);
+    return quant_gemm(x, part, format, part_bias, int8_activations, kQuantStripBytes, true);
   };
   if (w.size() == 1) return one(w[0], formats[0], bias, out);
   int64_t outputs = 0;

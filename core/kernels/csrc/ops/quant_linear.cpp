@@ -82,23 +82,26 @@ void strip_gemm(const at::Tensor& x, const at::Tensor& w, QuantFormat f, const a
   }
 }
 
-// out = x @ dequantize(w).T (+ bias) in x's dtype, strip_rows weight rows at a time.
+// out = x @ dequantize(w).T (+ bias) in x's dtype, in strips of at most strip_bytes of
+// dequantized weight (whole rows, a multiple of 16 rows, at least 16).
 void strips_gemm(const at::Tensor& x, const at::Tensor& w, QuantFormat f,
-                 const std::optional<at::Tensor>& bias, int64_t strip_rows, at::Tensor& out) {
+                 const std::optional<at::Tensor>& bias, int64_t strip_bytes, at::Tensor& out) {
   const int64_t N = w.size(0);
   at::Tensor b;
   if (bias.has_value() && bias->defined()) b = bias->to(x.scalar_type()).reshape({N});
-  const int64_t strip = std::min(strip_rows, N);
+  const int64_t row_bytes = std::max<int64_t>(1, x.size(1) * x.element_size());
+  const int64_t strip = std::min(std::max<int64_t>(16, strip_bytes / row_bytes / 16 * 16), N);
   auto w_strip = at::empty({strip, x.size(1)}, x.options());
   for (int64_t n0 = 0; n0 < N; n0 += strip)
     strip_gemm(x, w, f, b, n0, std::min(strip, N - n0), w_strip, out);
 }
 
-// x as the bf16 GEMM takes it: rounded through int8 per 32-block first when int8, and in one
-// compiled pass (x itself where it is bf16 already, rows contiguous, and not rounded).
-at::Tensor bf16_activations(const at::Tensor& x, bool int8) {
-  if (!int8 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1) return x;
-  auto out = at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
+// x as the dense GEMM of `dtype` (bf16 or float32) takes it: rounded through int8 per 32-block
+// first when int8, in one compiled pass (x itself where it has that dtype already, rows
+// contiguous, and is not rounded).
+at::Tensor gemm_activations(const at::Tensor& x, bool int8, at::ScalarType dtype) {
+  if (!int8 && x.scalar_type() == dtype && x.stride(1) == 1) return x;
+  auto out = at::empty(x.sizes(), x.options().dtype(dtype));
   QuantActivationsArgs a{};
   a.x = x.data_ptr();
   a.x_stride = x.stride(0);
@@ -106,6 +109,7 @@ at::Tensor bf16_activations(const at::Tensor& x, bool int8) {
   a.M = x.size(0);
   a.K = x.size(1);
   a.dtype = float_dtype(x, "quant_gemm");
+  a.out_dtype = float_dtype(out, "quant_gemm");
   a.int8 = int8;
   kernels().quant_activations(a);
   return out;
@@ -136,16 +140,18 @@ bool amx_gemm(const at::Tensor& x, bool int8, const at::Tensor& w, QuantFormat f
 }  // namespace
 
 // The many-row path. Float activations in float32: strips of float32 weights, the float32
-// GEMM. Int8 activations (any x) and bf16 x: x in bf16 (rounded through int8 first for int8
-// activations), float32 sums over bf16 weights: the AMX kernel where it runs (use_amx), else
-// strips of bf16 weights through the dense bf16 GEMM (oneDNN), the result in x's dtype.
+// GEMM. Int8 activations (any x) and bf16 x: x rounded through int8 first for int8
+// activations, then the AMX kernel where it runs (use_amx); else strips of dequantized
+// weights through the dense GEMM (oneDNN) in bf16 where the kernel copy in use multiplies bf16
+// natively, and in float32 where it does not (oneDNN's bf16 GEMM is 5-10x slower than its
+// float32 one there); the result in x's dtype.
 at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
                       const std::optional<at::Tensor>& bias, bool int8_activations,
-                      int64_t strip_rows, bool use_amx) {
+                      int64_t strip_bytes, bool use_amx) {
   const QuantFormat f = format_of(format);
   x = checked_x(x, "quant_gemm");
   w = checked_blocks(w, f, format, x.size(1), "quant_gemm");
-  TORCH_CHECK(strip_rows > 0, "quant_gemm: strip_rows must be positive, got ", strip_rows);
+  TORCH_CHECK(strip_bytes > 0, "quant_gemm: strip_bytes must be positive, got ", strip_bytes);
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == w.size(0), "quant_gemm: bias has ", bias->numel(),
                 " values for ", w.size(0), " outputs");
@@ -154,21 +160,22 @@ at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
   if (x.size(0) == 0 || w.size(0) == 0) return out;
   const bool int8 = int8_activations && x.size(1) % 32 == 0;
   if (!int8 && x.scalar_type() == at::kFloat) {
-    strips_gemm(x, w, f, bias, strip_rows, out);
+    strips_gemm(x, w, f, bias, strip_bytes, out);
     return out;
   }
   if (use_amx && amx_gemm(x, int8, w, f, bias, out)) return out;
-  const auto xb = bf16_activations(x, int8);
-  if (out.scalar_type() == at::kBFloat16) {
-    strips_gemm(xb, w, f, bias, strip_rows, out);
+  const auto dtype = kernels().bf16_dot ? at::kBFloat16 : at::kFloat;
+  const auto xg = gemm_activations(x, int8, dtype);
+  if (out.scalar_type() == dtype) {
+    strips_gemm(xg, w, f, bias, strip_bytes, out);
     return out;
   }
-  auto out16 = at::empty(out.sizes(), xb.options());
-  strips_gemm(xb, w, f, std::nullopt, strip_rows, out16);
+  auto out_g = at::empty(out.sizes(), xg.options());
+  strips_gemm(xg, w, f, std::nullopt, strip_bytes, out_g);
   if (bias.has_value() && bias->defined()) {
-    at::add_out(out, out16, bias->to(at::kFloat).reshape({w.size(0)}));
+    at::add_out(out, out_g, bias->to(at::kFloat).reshape({w.size(0)}));
   } else {
-    out.copy_(out16);
+    out.copy_(out_g);
   }
   return out;
 }
@@ -177,12 +184,14 @@ namespace {
 
 bool quant_amx_usable() { return kernels().amx_usable(); }
 
-// x [M, K] as the bf16 GEMM of the many-row path takes it (tests).
-at::Tensor quant_gemm_activations(at::Tensor x, bool int8_activations) {
+// x [M, K] as the many-row path's dense GEMM of `dtype` (bf16 or float32) takes it (tests).
+at::Tensor quant_gemm_activations(at::Tensor x, bool int8_activations, at::ScalarType dtype) {
   x = checked_x(x, "quant_gemm_activations");
   TORCH_CHECK(!int8_activations || x.size(1) % 32 == 0, "quant_gemm_activations: ",
               x.size(1), " columns is not a multiple of 32");
-  return bf16_activations(x, int8_activations).clone();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "quant_gemm_activations: float32 or bfloat16 only, got ", dtype);
+  return gemm_activations(x, int8_activations, dtype).clone();
 }
 
 }  // namespace
@@ -266,8 +275,8 @@ TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
   m.def("quant_dequantize(Tensor w, str format, int cols, ScalarType dtype) -> Tensor",
         &plugserve::ops::quant_dequantize);
   m.def("quant_gemm(Tensor x, Tensor w, str format, Tensor? bias, bool int8_activations, "
-        "int strip_rows, bool use_amx) -> Tensor", &plugserve::ops::quant_gemm);
+        "int strip_bytes, bool use_amx) -> Tensor", &plugserve::ops::quant_gemm);
   m.def("quant_amx_usable() -> bool", &plugserve::ops::quant_amx_usable);
-  m.def("quant_gemm_activations(Tensor x, bool int8_activations) -> Tensor",
+  m.def("quant_gemm_activations(Tensor x, bool int8_activations, ScalarType dtype) -> Tensor",
         &plugserve::ops::quant_gemm_activations);
 }
