@@ -2,8 +2,9 @@
 
 Past the few-row kernel (9 .. ~96 rows) the op-by-op path multiplies each dense projection
 with the kernel `plugserve.model.layers._dense_linear` picks for those rows: the bf16 AMX
-linear (`plugserve.kernels.dense_amx`) where AMX runs, the float32 panel GEMM
-(`plugserve.kernels.panel_gemm`), each against a pack of the weight it caches per weight
+linear (`plugserve.kernels.dense_amx`) where AMX runs, the panel GEMM
+(`plugserve.kernels.panel_gemm`: float32, and bf16 / fp16 where the CPU has no native half
+dot products), each against a pack of the weight it caches per weight
 (and, for the panel GEMM, per ISA copy). `BatchPacks` asks the same `applies` and takes the
 packs from the same caches, so the compiled step runs the same kernels on the same packs,
 with the same results. It asks the caches again whenever a weight's version counter or the
@@ -25,7 +26,7 @@ import torch
 
 from plugserve.kernels import build, dense_amx, quant_linear
 from plugserve.kernels import panel_gemm as panel
-from plugserve.kernels.packed_linear import weight_version
+from plugserve.kernels.packed_linear import HALF, half_is_native, weight_version
 
 ENV_SWITCH = "PLUGSERVE_BATCH_STACK"
 
@@ -43,12 +44,15 @@ LayerMatrices = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def _kind(weights: Sequence[torch.Tensor]) -> str | None:
-    """'panel' (float32), 'amx' (bf16, every matrix's inputs a multiple of the AMX tile) or
-    None: the batch linear every one of `weights` takes, if they all take the same."""
+    """'panel' (float32, or bf16 / fp16 where the CPU has no native half dot products),
+    'amx' (bf16, every matrix's inputs a multiple of the AMX tile) or None: the batch linear
+    every one of `weights` takes, if they all take the same."""
     if not weights or any(w.ndim != 2 or not w.is_cpu for w in weights):
         return None
     dtypes = {w.dtype for w in weights}
     if dtypes == {torch.float32}:
+        return "panel"
+    if len(dtypes) == 1 and weights[0].dtype in HALF and not half_is_native(weights[0].dtype):
         return "panel"
     tiled = all(w.shape[1] > 0 and w.shape[1] % dense_amx.TILE_K == 0 for w in weights)
     return "amx" if dtypes == {torch.bfloat16} and tiled else None

@@ -15,7 +15,7 @@ path everywhere `applies` says no):
 - `DecodeStack`: a model's layers held once (`LayerWeights`), whose `run` takes a decode
   step through all of them in one call, each layer's `decode_step` with its plan. Past the
   few-row kernel it also takes a decode batch whose dense projections the op-by-op path
-  multiplies with a batch kernel (`takes_batch`: the bf16 AMX linear, the float32 panel
+  multiplies with a batch kernel (`takes_batch`: the bf16 AMX linear, the panel
   GEMM, against their cached packs; `plugserve.kernels.decode_batch`), or whose projections
   are all quantized (the many-row quantized path, as the op-by-op path runs it).
 
@@ -307,7 +307,7 @@ class DecodeStack:
     def takes_batch(self, hidden: torch.Tensor) -> bool:
         """True when `run` takes `hidden`'s rows past the few-row kernel: the op-by-op path
         multiplies every projection of them with this stack's batch kernel (bf16 on AMX,
-        float32 panel GEMM)."""
+        panel GEMM)."""
         return self._batch.takes(hidden)
 
     def run(

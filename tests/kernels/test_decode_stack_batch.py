@@ -16,6 +16,7 @@ from plugserve.kernels import decode_batch as db
 from plugserve.kernels import decode_layer as dl
 from plugserve.kernels import isa as isa_mod
 from plugserve.kernels import panel_gemm as panel
+from plugserve.kernels.packed_linear import half_is_native
 from plugserve.kernels.paged_decode import PagedDecodePlan
 from plugserve.model import load_model
 from tests.kernels.test_decode_layer import EPS, _layer, _model_logits, _rows
@@ -106,9 +107,11 @@ def test_batch_rows_same_bits_as_the_op_by_op_path(
     stack = _stack(shape, dtype)
     r = _rows(shape, rows, dtype, seed=rows)
     takes = _batch_kernel_runs(r["hidden"], stack.layers[0].qkv)  # type: ignore[arg-type]
-    # float32: the panel GEMM on every ISA copy; bf16: the AMX linear where AMX runs
+    # float32: the panel GEMM on every ISA copy; bf16: the AMX linear where AMX runs, the
+    # bf16 panels where the copy in use has no bf16 dot products
     assert stack.takes_batch(r["hidden"]) == takes
-    assert takes == (dtype == torch.float32 or dense_amx.amx_usable())
+    assert takes == (dtype == torch.float32 or dense_amx.amx_usable()
+                     or (rows <= panel.MAX_ROWS_HALF and not half_is_native(torch.bfloat16)))
     if not takes:
         plans = [_batch_plan(shape, rows, dtype, False, i) for i in range(2)]
         with pytest.raises(ValueError, match=f"{rows} rows of torch.bfloat16 are past"):
@@ -119,7 +122,7 @@ def test_batch_rows_same_bits_as_the_op_by_op_path(
               [_batch_plan(shape, rows, dtype, False, i) for i in range(2)])
     library = build.library()
     assert library is not None
-    cache = panel._packs[library.isa()] if dtype == torch.float32 else dense_amx._packs
+    cache = dense_amx._packs if stack._batch.kind == "amx" else panel._packs[library.isa()]
     for layer in stack.layers:
         for weight in (layer.qkv, layer.o, layer.gate_up, layer.down):
             assert id(weight) in cache and cache[id(weight)][1]() is weight
@@ -134,11 +137,13 @@ def test_rows_past_the_batch_kernels_are_not_taken() -> None:
         else panel.MAX_ROWS_NARROW
     assert stack32.takes_batch(_rows(SMALL, panel_rows, torch.float32, 1)["hidden"])
     assert not stack32.takes_batch(_rows(SMALL, panel_rows + 1, torch.float32, 1)["hidden"])
-    assert not stack16.takes_batch(_rows(SMALL, dense_amx.MAX_ROWS + 1, torch.bfloat16,
-                                         1)["hidden"])
-    # a bf16 layer whose inputs are not a multiple of 32 has no AMX batch path
-    assert not _stack((40, 4, 2, 10, 56), torch.bfloat16).takes_batch(
-        _rows((40, 4, 2, 10, 56), 20, torch.bfloat16, 1)["hidden"])
+    half_rows = dense_amx.MAX_ROWS if stack16._batch.kind == "amx" else panel.MAX_ROWS_HALF
+    assert not stack16.takes_batch(_rows(SMALL, half_rows + 1, torch.bfloat16, 1)["hidden"])
+    # a bf16 layer whose inputs are not a multiple of 32 has no AMX batch path (the bf16
+    # panels take it where the copy has no bf16 dot products)
+    assert _stack((40, 4, 2, 10, 56), torch.bfloat16).takes_batch(
+        _rows((40, 4, 2, 10, 56), 20, torch.bfloat16, 1)["hidden"]
+    ) == (not half_is_native(torch.bfloat16))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -190,10 +195,12 @@ def _batch_decode_through_the_stack(
 def test_model_batch_decode_equals_the_op_by_op_layers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
 ) -> None:
-    """A tiny model: where the batch kernels take the rows (float32; bf16 on AMX)."""
+    """A tiny model: where the batch kernels take the rows (float32; bf16 on AMX, or in bf16
+    panels where the copy has no bf16 dot products)."""
     tiny_hf_model("llama3_rope_bias", tmp_path)
     model = load_model(str(tmp_path), dtype=dtype, device="cpu").model
-    takes = dtype == torch.float32 or dense_amx.amx_usable()
+    takes = (dtype == torch.float32 or dense_amx.amx_usable()
+             or not half_is_native(torch.bfloat16))
     _batch_decode_through_the_stack(monkeypatch, model, 8, takes)
 
 

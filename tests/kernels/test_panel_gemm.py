@@ -106,6 +106,40 @@ def test_engine_linear_leaves_other_rows(rows: int, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(pg, "panel_gemm", lambda *a: pytest.fail("panel GEMM taken"))
     with torch.inference_mode():
         linear(x, w, b)
-    x40 = torch.randn(40, 96)
+
+
+def test_half_weights_take_it_only_without_native_half(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bf16 rows of a bf16 weight: the panels (in bf16, widened in registers) where the copy in
+    # use has no bf16 dot products, up to MAX_ROWS_HALF rows; elsewhere another kernel.
+    from plugserve.kernels.packed_linear import half_is_native
+
+    x, w, b = _case(40, 96, 200, True, seed=40)
+    expect = not half_is_native(torch.bfloat16)
+    assert pg.applies(x.bfloat16(), w.bfloat16()) == expect
+    assert not pg.applies(torch.randn(pg.MAX_ROWS_HALF + 1, 96).bfloat16(), w.bfloat16())
+    assert not pg.applies(x, w.bfloat16())  # x in another dtype than the weight
+    calls: list[int] = []
+    real = pg.panel_gemm
+    monkeypatch.setattr(pg, "panel_gemm", lambda *a: calls.append(1) or real(*a))
     with torch.inference_mode():
-        linear(x40.bfloat16(), w.bfloat16(), b.bfloat16())  # float32 only
+        out = linear(x.bfloat16(), w.bfloat16(), b.bfloat16())
+    assert (calls == [1]) == expect and out.dtype == torch.bfloat16
+
+
+# rows: one and two register tiles with a remainder, the largest half batch.
+@pytest.mark.parametrize("rows", [3, 17, pg.MAX_ROWS_HALF])
+@pytest.mark.parametrize("w_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_half_panels_match_float64(rows: int, w_dtype: torch.dtype, x_dtype: torch.dtype) -> None:
+    # Panels packed in the weight's own dtype and widened as loaded (exact), float32 sums;
+    # x in any float dtype, the result in x's dtype (rounded once).
+    x, w, b = _case(rows, 576, 257, True, seed=rows)
+    x, w = x.to(x_dtype), w.to(w_dtype)
+    packed = build.ops().panel_gemm_pack(w)
+    assert packed.dtype == w_dtype
+    out = build.ops().panel_gemm(x, packed, 257, b)
+    assert out.dtype == x_dtype and out.shape == (rows, 257)
+    exact = F.linear(x.double(), w.double(), b.double())
+    rounding = 0.0 if x_dtype == torch.float32 else torch.finfo(x_dtype).eps
+    bound = exact.abs() * rounding + _tolerance(x.float(), w.float())
+    assert ((out.double() - exact).abs() <= bound).all()

@@ -45,6 +45,19 @@ def test_matches_float64(
     assert ((out.double() - exact).abs() <= exact.abs() * rounding + sum_err).all()
 
 
+def test_many_rows_widen_the_weight_in_strips() -> None:
+    # From 128 rows the weight is widened to float32 in strips of up to 8 MiB: 4,000 x 576
+    # float32 is 9.2 MB, two strips (the second partial), bias added per strip.
+    x, w, b = _case(130, 576, 4000, torch.bfloat16, torch.bfloat16, True)
+    assert b is not None
+    out = wg.widening_gemm(x, w, b)
+    exact = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    scale = float(x.abs().max() * w.abs().max())
+    sum_err = 16 * 576**0.5 * torch.finfo(torch.float32).eps * scale
+    bound = exact.abs() * torch.finfo(torch.bfloat16).eps + sum_err
+    assert out.dtype == torch.bfloat16 and ((out.double() - exact).abs() <= bound).all()
+
+
 def test_bad_inputs_are_errors() -> None:
     if build.library() is None:
         pytest.skip(f"the CPU kernels are unavailable: {build.unavailable_reason()}")

@@ -57,7 +57,8 @@ struct SkinnyLinearArgs {
 struct PanelGemmArgs {
   const float* x;
   int64_t x_stride;
-  const float* packed;
+  const void* packed;  // of w_dtype (f32, or bf16 / f16 widened in registers)
+  Dtype w_dtype;
   const float* bias;  // nullptr: none
   float* out;
   int64_t M, K, N;

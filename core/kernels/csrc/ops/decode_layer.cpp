@@ -82,9 +82,9 @@ at::Tensor linear(const at::Tensor& x, const Tensors& w, const Strings& formats,
   if (formats.empty()) {
     TORCH_CHECK(w.size() == 1, what, ": a dense weight is one tensor, got ", w.size());
     check_matrix(x, w[0], what);
-    if (pack.defined()) {
-      return x.scalar_type() == at::kBFloat16 ? dense_amx_linear(x, pack, w[0].size(0), bias)
-                                              : panel_gemm(x, pack, w[0].size(0), bias);
+    if (pack.defined()) {  // a panel pack is [panels, K, width]; an AMX pack is not 3-d
+      return pack.dim() == 3 ? panel_gemm(x, pack, w[0].size(0), bias)
+                             : dense_amx_linear(x, pack, w[0].size(0), bias);
     }
     auto y = out_or_empty(out, {x.size(0), w[0].size(0)}, x, what);
     skinny_linear_into(x, w[0].contiguous(), bias_as_float(bias, w[0].size(0), what), y);
