@@ -88,8 +88,8 @@ template <int R, typename TW>
 inline void tile_at(const PanelGemmArgs& a, int64_t m0, int64_t p, const TW* next,
                     int64_t tile_index, int64_t tiles) {
   const int64_t n0 = p * kPanel;
-  tile<R>(a.x + m0 * a.x_stride, a.x_stride, static_cast<const TW*>(a.packed) + p * a.K * kPanel,
-          a.K,
+  tile<R>(a.x + m0 * a.x_stride, a.x_stride,
+          static_cast<const TW*>(a.packed) + p * a.K * kPanel, a.K,
           a.bias == nullptr ? nullptr : a.bias + n0, std::min(kPanel, a.N - n0),
           a.out + m0 * a.N + n0, a.N, next, tile_index, tiles);
 }
