@@ -4,11 +4,14 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/mm.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -71,6 +74,34 @@ inline at::Tensor bias_as_float(const std::optional<at::Tensor>& bias, int64_t o
   TORCH_CHECK(bias->numel() == outputs, what, ": bias has ", bias->numel(), " values for ",
               outputs, " outputs");
   return bias->to(at::kFloat).contiguous();
+}
+
+// Bytes of weight per strip where an op widens or dequantizes a weight into its GEMM's dtype
+// before multiplying (quant_gemm's dequantize-and-GEMM path, widening_gemm's many rows): up to
+// this much, the whole matrix (plugserve.kernels.quant_linear.STRIP_BYTES on the Python side).
+constexpr int64_t kWeightStripBytes = int64_t{8} << 20;
+
+// out [M, N] = x [M, K] @ W.T (+ b, x's dtype) for a weight W [N, K] made strip by strip:
+// strips of whole rows in x's dtype, up to strip_bytes each (a multiple of 16 rows, at least
+// 16), each written by fill(n0, rows, strip) into one reused buffer and multiplied by the
+// dense GEMM straight into out's columns n0.. (a strided column block of out).
+template <typename Fill>
+void gemm_by_weight_strips(const at::Tensor& x, int64_t N, const at::Tensor& b,
+                           int64_t strip_bytes, at::Tensor& out, const Fill& fill) {
+  const int64_t row_bytes = std::max<int64_t>(1, x.size(1) * x.element_size());
+  const int64_t strip = std::min(std::max<int64_t>(16, strip_bytes / row_bytes / 16 * 16), N);
+  auto buffer = at::empty({strip, x.size(1)}, x.options());
+  for (int64_t n0 = 0; n0 < N; n0 += strip) {
+    const int64_t rows = std::min(strip, N - n0);
+    auto ws = buffer.narrow(0, 0, rows);
+    fill(n0, rows, ws);
+    auto os = out.narrow(1, n0, rows);
+    if (b.defined()) {
+      at::addmm_out(os, b.narrow(0, n0, rows), x, ws.t());
+    } else {
+      at::mm_out(os, x, ws.t());
+    }
+  }
 }
 
 // out [M, N] = x [M, K] @ w [N, K].T + bias32 with the few-row kernel (ops/linear.cpp).

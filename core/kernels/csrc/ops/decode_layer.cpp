@@ -58,11 +58,10 @@ void check_norm(const at::Tensor& x, const at::Tensor& w, const char* what) {
               what, ": the norm weight must be [", x.size(1), "] of ", x.scalar_type());
 }
 
-// plugserve.kernels.quant_linear's MAX_FEW_ROWS and STRIP_BYTES: the rows up to which a
-// quantized projection takes the few-row kernel, and the dequantized bytes per strip of the
-// many-row path's fallback (the decode stack multiplies as the op-by-op path does).
+// plugserve.kernels.quant_linear's MAX_FEW_ROWS: the rows up to which a quantized projection
+// takes the few-row kernel (past them the many-row path with quant_linear's STRIP_BYTES,
+// kWeightStripBytes here: the decode stack multiplies as the op-by-op path does).
 constexpr int64_t kQuantFewRows = 8;
-constexpr int64_t kQuantStripBytes = int64_t{8} << 20;
 
 // `buffer` where it has exactly `sizes` (and there is a scratch at all), else undefined (the
 // op then allocates).
@@ -100,7 +99,7 @@ at::Tensor linear(const at::Tensor& x, const Tensors& w, const Strings& formats,
   const auto one = [&](const at::Tensor& part, const std::string& format,
                        const OptTensor& part_bias, const at::Tensor& into) {
     if (!batch) return quant_linear(x, part, format, part_bias, int8_activations, into);
-    return quant_gemm(x, part, format, part_bias, int8_activations, kQuantStripBytes, true);
+    return quant_gemm(x, part, format, part_bias, int8_activations, kWeightStripBytes, true);
   };
   if (w.size() == 1) return one(w[0], formats[0], bias, out);
   int64_t outputs = 0;

@@ -3,11 +3,7 @@
 // (kernels/widening_gemm.cpp; from 128 rows on, float32 strips of the weight through the
 // float32 GEMM), and the float32 panel GEMM for a few dozen rows
 // (kernels/panel_gemm.cpp) with the packing of its weight.
-#include <ATen/ops/addmm.h>
-#include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
-
-#include <algorithm>
 
 #include "common.h"
 
@@ -50,31 +46,18 @@ at::Tensor skinny_linear(at::Tensor x, at::Tensor w, std::optional<at::Tensor> b
 // From this many rows of x on, the weight is widened to float32 a strip at a time and
 // multiplied by the float32 GEMM (oneDNN / MKL), which then runs 1.3-1.8x the widening
 // kernel's speed (each strip is widened once for all the rows); below, the widening kernel
-// (its register tiles read the weight as stored) is as fast or faster. Strips of at most
-// kWidenedStripBytes of float32 weight (usually the whole matrix).
+// (its register tiles read the weight as stored) is as fast or faster.
 constexpr int64_t kWidenWholeRows = 128;
-constexpr int64_t kWidenedStripBytes = int64_t{8} << 20;
 
 // out [M, N] (float32 or x's dtype) = x @ w.T + bias32, the weight widened strip by strip.
 void widened_strips_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias32,
                          at::Tensor& out) {
-  const int64_t N = w.size(0), K = w.size(1);
   const auto x32 = x.to(at::kFloat);
   auto out32 = out.scalar_type() == at::kFloat ? out : at::empty(out.sizes(), x32.options());
-  const int64_t strip =
-      std::min(N, std::max<int64_t>(16, kWidenedStripBytes / std::max<int64_t>(1, K * 4) / 16 * 16));
-  auto buffer = at::empty({strip, K}, x32.options());
-  for (int64_t n0 = 0; n0 < N; n0 += strip) {
-    const int64_t rows = std::min(strip, N - n0);
-    auto ws = buffer.narrow(0, 0, rows);
-    ws.copy_(w.narrow(0, n0, rows));
-    auto os = out32.narrow(1, n0, rows);
-    if (bias32.defined()) {
-      at::addmm_out(os, bias32.narrow(0, n0, rows), x32, ws.t());
-    } else {
-      at::mm_out(os, x32, ws.t());
-    }
-  }
+  gemm_by_weight_strips(x32, w.size(0), bias32, kWeightStripBytes, out32,
+                        [&](int64_t n0, int64_t rows, at::Tensor& strip) {
+                          strip.copy_(w.narrow(0, n0, rows));
+                        });
   if (!out.is_same(out32)) out.copy_(out32);
 }
 

@@ -3,8 +3,6 @@
 // (kernels/quant_amx.cpp) where it runs, else strips of dequantized weight rows (up to the
 // whole matrix) through the dense GEMM, each strip's product written in place into out.
 #include <ATen/ops/add.h>
-#include <ATen/ops/addmm.h>
-#include <ATen/ops/mm.h>
 
 #include <string>
 #include <vector>
@@ -68,32 +66,17 @@ at::Tensor quant_dequantize(at::Tensor w, const std::string& format, int64_t col
   return out;
 }
 
-// Weight rows [n0, n0 + rows) dequantized into w_strip, times x into out's columns n0.. (in
-// place: a strided column block of out), bias b (x's dtype) added.
-void strip_gemm(const at::Tensor& x, const at::Tensor& w, QuantFormat f, const at::Tensor& b,
-                int64_t n0, int64_t rows, at::Tensor& w_strip, at::Tensor& out) {
-  auto ws = w_strip.narrow(0, 0, rows);
-  dequantize_into(w.narrow(0, n0, rows), f, x.size(1), ws);
-  auto os = out.narrow(1, n0, rows);
-  if (b.defined()) {
-    at::addmm_out(os, b.narrow(0, n0, rows), x, ws.t());
-  } else {
-    at::mm_out(os, x, ws.t());
-  }
-}
-
 // out = x @ dequantize(w).T (+ bias) in x's dtype, in strips of at most strip_bytes of
-// dequantized weight (whole rows, a multiple of 16 rows, at least 16).
+// dequantized weight.
 void strips_gemm(const at::Tensor& x, const at::Tensor& w, QuantFormat f,
                  const std::optional<at::Tensor>& bias, int64_t strip_bytes, at::Tensor& out) {
   const int64_t N = w.size(0);
   at::Tensor b;
   if (bias.has_value() && bias->defined()) b = bias->to(x.scalar_type()).reshape({N});
-  const int64_t row_bytes = std::max<int64_t>(1, x.size(1) * x.element_size());
-  const int64_t strip = std::min(std::max<int64_t>(16, strip_bytes / row_bytes / 16 * 16), N);
-  auto w_strip = at::empty({strip, x.size(1)}, x.options());
-  for (int64_t n0 = 0; n0 < N; n0 += strip)
-    strip_gemm(x, w, f, b, n0, std::min(strip, N - n0), w_strip, out);
+  gemm_by_weight_strips(x, N, b, strip_bytes, out,
+                        [&](int64_t n0, int64_t rows, at::Tensor& strip) {
+                          dequantize_into(w.narrow(0, n0, rows), f, x.size(1), strip);
+                        });
 }
 
 // x as the dense GEMM of `dtype` (bf16 or float32) takes it: rounded through int8 per 32-block
