@@ -16,13 +16,14 @@ The K-quants (256-weight superblocks) apply only to the 1536-column matrix.
 
 `--many 16,64,256,1024` times the many-row path instead (prefill and batched decode): ms per
 call of x[M, cols] @ W.T for each M through `quant_linear.many_rows` (int8 activations with
-float32 and bf16 x, float activations with bf16 and float32 x; on AMX where the CPU has it,
-and `--no-amx` for the dequantize-and-GEMM path), against the dense bf16 and float32
+float32 and bf16 x, float activations with bf16 and float32 x; `--kernels auto` as the engine
+chooses (AMX where the CPU has it, else VNNI for int8 activations), `vnni`, or `strips` for the
+dequantize-and-GEMM path), against the dense bf16 and float32
 `F.linear` and the dequantization of the whole matrix to bf16. The weight stays in the caches
 (as in a prefill, where many rows share it).
 
     python benchmarks/quant_linear_speed.py --many 16,64,256,1024 [--formats q8_0,q4_k]
-        [--shapes 1536x576,576x1536] [--no-amx]
+        [--shapes 1536x576,576x1536] [--kernels auto|vnni|strips]
 """
 
 from __future__ import annotations
@@ -71,27 +72,31 @@ def stream_gb_s(calls: list[Callable[[], object]], nbytes: int, repeats: int) ->
 WIDTHS = (10, 10, 11, 10, 11, 10)
 
 
-def row_times(w: QuantBlocks, wd: torch.Tensor, x: torch.Tensor, amx: bool,
+def row_times(w: QuantBlocks, wd: torch.Tensor, x: torch.Tensor, kernels: str,
               ms: Callable[[Callable[[], object]], float]) -> list[float]:
     """ms of the many-row columns of the table for x (float32) and w (wd: dequantized, bf16)."""
     xb, wf = x.bfloat16(), wd.float()
-    return [ms(lambda: ql.many_rows(x, w, None, "int8", amx)),
-            ms(lambda: ql.many_rows(xb, w, None, "int8", amx)),
-            ms(lambda: ql.many_rows(xb, w, None, "float", amx)),
-            ms(lambda: ql.many_rows(x, w, None, "float", amx)),
+    return [ms(lambda: ql.many_rows(x, w, None, "int8", kernels)),
+            ms(lambda: ql.many_rows(xb, w, None, "int8", kernels)),
+            ms(lambda: ql.many_rows(xb, w, None, "float", kernels)),
+            ms(lambda: ql.many_rows(x, w, None, "float", kernels)),
             ms(lambda: torch.nn.functional.linear(xb, wd)),
             ms(lambda: torch.nn.functional.linear(x, wf))]
 
 
 def many_rows_table(rows: list[int], formats: list[str], shapes: list[tuple[int, int]],
-                    amx: bool, repeats: int) -> None:
+                    kernels: str, repeats: int) -> None:
     """ms per call of the many-row path against the dense GEMMs (see the module doc)."""
     rng = np.random.default_rng(0)
 
     def ms(fn: Callable[[], object]) -> float:
         return best_seconds(fn, repeats) * 1e3
 
-    print(f"many-row path: {'AMX' if amx and ql.amx_available() else 'dequantize + GEMM'}; "
+    amx = kernels == "auto" and ql.amx_available()
+    vnni = not amx and kernels != "strips" and ql.vnni_available()
+    path = "AMX" if amx else "VNNI for int8, dequantize + GEMM for float" if vnni else (
+        "dequantize + GEMM")
+    print(f"many-row path: {path}; "
           "ms per call (x dense bf16: the dense bf16 time over this one)")
     header = (f"{'format':<7}{'shape':>10}{'M':>6}{'int8 f32':>10}{'int8 bf16':>10}"
               f"{'float bf16':>11}{'float f32':>10}{'dense bf16':>11}{'dense f32':>10}"
@@ -105,7 +110,7 @@ def many_rows_table(rows: list[int], formats: list[str], shapes: list[tuple[int,
             print(f"\n{name} {out_f}x{in_f}: dequantize to bf16 "
                   f"{ms(lambda w=w: ql.dequantize(w, torch.bfloat16)):.3f} ms\n{header}")
             for m in rows:
-                t = row_times(w, wd, torch.randn(m, in_f), amx, ms)
+                t = row_times(w, wd, torch.randn(m, in_f), kernels, ms)
                 print(f"{name:<7}{f'{out_f}x{in_f}':>10}{m:6d}" + "".join(
                     f"{v:{width}.3f}" for v, width in zip(t, WIDTHS, strict=True))
                     + f"{t[4] / t[0]:13.2f}")
@@ -121,7 +126,8 @@ def main() -> None:
                         "path's ms per call instead")
     parser.add_argument("--shapes", default="1536x576,576x1536",
                         help="out x in, comma-separated (with --many)")
-    parser.add_argument("--no-amx", action="store_true", help="with --many: without AMX")
+    parser.add_argument("--kernels", choices=ql.MANY_ROW_KERNELS, default="auto",
+                        help="with --many: the many-row kernels (auto: as the engine chooses)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     library = build.library()
@@ -135,7 +141,7 @@ def main() -> None:
         shapes = [(int(a), int(b)) for a, b in (s.split("x") for s in args.shapes.split(","))]
         with torch.inference_mode():
             many_rows_table([int(r) for r in args.many.split(",")], args.formats.split(","),
-                            shapes, not args.no_amx, max(args.repeats, 20))
+                            shapes, args.kernels, max(args.repeats, 20))
         return
     rng = np.random.default_rng(0)
     bandwidth = read_bandwidth(args.repeats)

@@ -45,6 +45,9 @@ MAX_FEW_ROWS = 8
 # module doc); larger matrices (a vocabulary's head) go in strips of this size.
 STRIP_BYTES = 8 << 20
 ACTIVATIONS = ("int8", "float")
+# The many-row path's kernel choices (`many_rows`): "auto" as the entry chooses, "vnni" the
+# VNNI kernel where it runs (skipping AMX), "strips" the dequantize-and-GEMM path only.
+MANY_ROW_KERNELS = ("auto", "vnni", "strips")
 
 
 def available() -> bool:
@@ -56,6 +59,12 @@ def amx_available() -> bool:
     """Whether the many-row path runs on AMX tiles here (the CPU has AMX-BF16, the OS lets
     this process use the tile state, and the kernels were compiled with AMX)."""
     return available() and bool(build.ops().quant_amx_usable())
+
+
+def vnni_available() -> bool:
+    """Whether int8 activations of many rows multiply on the VNNI kernel here (an AVX-512
+    copy of the kernels on a CPU with AVX512-VNNI), where AMX does not take them."""
+    return available() and bool(build.ops().quant_vnni_usable())
 
 
 def quant_linear(
@@ -75,7 +84,7 @@ def quant_linear(
     if flat.shape[0] <= MAX_FEW_ROWS:
         out = ops.quant_linear(flat, w.data, w.qtype.name, bias, int8)
     else:
-        out = ops.quant_gemm(flat, w.data, w.qtype.name, bias, int8, STRIP_BYTES, True)
+        out = ops.quant_gemm(flat, w.data, w.qtype.name, bias, int8, STRIP_BYTES, "auto")
     result: torch.Tensor = out if x.dim() == 2 else out.reshape(*x.shape[:-1], w.rows)
     return result
 
@@ -92,12 +101,15 @@ def few_rows(
 
 def many_rows(
     x: torch.Tensor, w: QuantBlocks, bias: torch.Tensor | None, activations: Activations,
-    amx: bool = True,
+    kernels: str = "auto",
 ) -> torch.Tensor:
-    """The many-row path for any number of rows of x [rows, cols]; amx=False keeps it off the
-    AMX kernel (the dequantize-and-GEMM path, as on a CPU without AMX)."""
+    """The many-row path for any number of rows of x [rows, cols]; `kernels` (one of
+    MANY_ROW_KERNELS) "vnni" keeps it off AMX, "strips" off AMX and VNNI (the
+    dequantize-and-GEMM path, as on a CPU with neither)."""
+    if kernels not in MANY_ROW_KERNELS:
+        raise ValueError(f"kernels={kernels!r}; allowed: {', '.join(MANY_ROW_KERNELS)}")
     out: torch.Tensor = build.ops().quant_gemm(
-        x, w.data, w.qtype.name, bias, activations == "int8", STRIP_BYTES, amx
+        x, w.data, w.qtype.name, bias, activations == "int8", STRIP_BYTES, kernels
     )
     return out
 

@@ -1,6 +1,7 @@
-"""The compiled quantized linear (few-row streaming kernel, the many-row path on AMX tiles and
-by dequantize-and-GEMM, block decoder) against the gguf-based reference, for every kept block
-format, on every ISA copy this CPU runs (AVX2 and scalar included on an AVX-512 machine)."""
+"""The compiled quantized linear (few-row streaming kernel, the many-row path on AMX tiles, with
+VNNI integer dot products and by dequantize-and-GEMM, block decoder) against the gguf-based
+reference, for every kept block format, on every ISA copy this CPU runs (AVX2 and scalar
+included on an AVX-512 machine)."""
 
 from __future__ import annotations
 
@@ -133,34 +134,84 @@ def _skip_without_amx() -> None:
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("activations", ["int8", "float"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("amx", [True, False], ids=["amx", "no_amx"])
+@pytest.mark.parametrize("kernels", ql.MANY_ROW_KERNELS)
 def test_many_rows_matches_reference(name: str, activations: Activations,
-                                     dtype: torch.dtype, amx: bool) -> None:
-    # amx=False: the dequantize-and-GEMM path, as on a CPU without AMX. x rows: one, odd,
-    # past one and two 16-row tiles (up to 64 rows x is AMX's B operand, past that the
-    # weight), a last 32-row block of more and of less than 16 rows (none a multiple of 16);
-    # weight rows: none a multiple of the 32-row strip.
-    if amx:
-        _skip_without_amx()
+                                     dtype: torch.dtype, kernels: str) -> None:
+    # kernels: as the entry chooses (AMX where it runs, else VNNI for int8 activations), the
+    # VNNI kernel (int8; float activations fall to strips), the dequantize-and-GEMM path
+    # alone. x rows: one, odd, past one and two 16-row tiles (up to 64 rows x is AMX's B
+    # operand, past that the weight; VNNI packs x 16 rows a vector, two vectors a tile), a
+    # last 32-row block of more and of less than 16 rows; one whole VNNI tile of rows against
+    # one whole 48-row VNNI panel; weight rows past whole panels and strips.
+    if kernels == "vnni":
+        _skip_without_vnni()
     cases = [(1, 5, True), (9, 37, False), (33, 300, True), (47, 45, True), (91, 70, True),
-             (300, 70, False)]
+             (300, 70, False), (32, 48, True), (64, 97, False)]
     for rows, out, bias in cases:
         cols = _cols(name)[-1]
         w = weight(name, out, cols)
         x, b = _inputs(rows, cols, out, dtype, bias, seed=rows)
-        _check(ql.many_rows(x, w, b, activations, amx=amx), x, w, b, activations,
-               _multiplies_in_bf16(activations, dtype, amx))
+        _check(ql.many_rows(x, w, b, activations, kernels), x, w, b, activations,
+               _multiplies_in_bf16(activations, dtype, kernels))
 
 
-def _multiplies_in_bf16(activations: Activations, dtype: torch.dtype, amx: bool) -> bool:
+def _multiplies_in_bf16(activations: Activations, dtype: torch.dtype, kernels: str) -> bool:
     """Whether the many-row path multiplies bf16 operands here (int8 activations or bf16 x):
-    on AMX tiles, or through oneDNN where the copy in use multiplies bf16 natively. A copy
-    without native bf16 products multiplies in float32, held to the float32 bounds."""
+    on AMX tiles, or through oneDNN where the copy in use multiplies bf16 natively. The VNNI
+    kernel (int8 activations, no AMX) multiplies exactly in integers and a copy without
+    native bf16 products in float32: both held to the float32 bounds."""
     if activations == "float" and dtype == torch.float32:
+        return False
+    if kernels == "auto" and ql.amx_available():
+        return True
+    if activations == "int8" and kernels != "strips" and ql.vnni_available():
         return False
     library = build.library()
     assert library is not None
-    return (amx and ql.amx_available()) or library.bf16_dot
+    return library.bf16_dot
+
+
+def _skip_without_vnni() -> None:
+    if not ql.vnni_available():
+        pytest.skip("no VNNI kernel here: the CPU lacks AVX512-VNNI or this ISA copy has no "
+                    "AVX-512")
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_vnni_takes_every_quant_value(name: str) -> None:
+    # Random bytes as blocks (quants -128 and 127 of Q8_0 included, which gguf's quantizer
+    # never writes), fp16 scales set to small values: each quant is shifted to an unsigned
+    # byte for vpdpbusd and the shift taken back out of the integer sums exactly.
+    _skip_without_vnni()
+    qtype = KEPT_TYPES[name]
+    rows, cols = 50, 96
+    rng = np.random.default_rng(7)
+    blocks = rng.integers(0, 256, (rows, cols // 32, qtype.block_bytes), dtype=np.uint8)
+    blocks[..., 0:2] = _fp16_bytes(rng.uniform(1e-3, 1e-2, (rows, cols // 32)))
+    if name in ("q4_1", "q5_1"):
+        blocks[..., 2:4] = _fp16_bytes(rng.uniform(-1e-1, 1e-1, (rows, cols // 32)))
+    data = torch.from_numpy(np.ascontiguousarray(blocks.reshape(rows, -1)))
+    w = QuantBlocks(qtype, data, rows, cols)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, b = _inputs(40, cols, rows, dtype, True, seed=9)
+        _check(ql.many_rows(x, w, b, "int8", "vnni"), x, w, b, "int8")
+
+
+def test_auto_takes_vnni_where_there_is_no_amx() -> None:
+    # The entry's choice on a CPU with AVX512-VNNI and no AMX: the VNNI kernel's bits.
+    _skip_without_vnni()
+    if ql.amx_available():
+        pytest.skip("AMX takes the many rows here")
+    w = weight("q4_k", 70, 512)
+    x, b = _inputs(24, 512, 70, torch.float32, True, seed=6)
+    assert torch.equal(ql.quant_linear(x, w, b, "int8"), ql.many_rows(x, w, b, "int8", "vnni"))
+
+
+def test_many_rows_refuses_unknown_kernels() -> None:
+    w = weight("q8_0", 8, 32)
+    x, b = _inputs(9, 32, 8, torch.float32, False, seed=1)
+    with pytest.raises(ValueError, match="kernels='amx'; allowed: auto, vnni, strips"):
+        ql.many_rows(x, w, b, "int8", "amx")
 
 
 def test_many_rows_without_native_bf16_multiply_in_float32() -> None:
@@ -173,7 +224,7 @@ def test_many_rows_without_native_bf16_multiply_in_float32() -> None:
         pytest.skip(f"the copy in use ({library.isa()}) multiplies bf16 natively")
     w = weight("q4_1", 70, 576)
     x, b = _inputs(40, 576, 70, torch.float32, True, seed=11)
-    _check(ql.many_rows(x, w, b, "int8", amx=False), x, w, b, "int8")
+    _check(ql.many_rows(x, w, b, "int8", "strips"), x, w, b, "int8")
 
 
 @pytest.mark.parametrize("name", ["q8_0", "q4_k"])
@@ -186,15 +237,15 @@ def test_many_rows_of_a_prefill_in_every_order(name: str) -> None:
         w = weight(name, out, cols)
         for dtype in (torch.float32, torch.bfloat16):
             x, b = _inputs(300, cols, out, dtype, True, seed=out)
-            _check(ql.many_rows(x, w, b, "int8", amx=True), x, w, b, "int8", True)
+            _check(ql.many_rows(x, w, b, "int8", "auto"), x, w, b, "int8", True)
 
 
-@pytest.mark.parametrize("amx", [True, False], ids=["amx", "no_amx"])
-def test_many_rows_float_activations_keep_float32(amx: bool) -> None:
+@pytest.mark.parametrize("kernels", ql.MANY_ROW_KERNELS)
+def test_many_rows_float_activations_keep_float32(kernels: str) -> None:
     # The float mode in float32 never goes through bf16, AMX or not (float32 error bounds).
     w = weight("q4_k", 45, 256)
     x, b = _inputs(19, 256, 45, torch.float32, True, seed=5)
-    _check(ql.many_rows(x, w, b, "float", amx=amx), x, w, b, "float")
+    _check(ql.many_rows(x, w, b, "float", kernels), x, w, b, "float")
 
 
 def test_amx_is_used_where_the_cpu_has_it() -> None:
@@ -237,8 +288,8 @@ def test_many_rows_strips_the_weight(monkeypatch: pytest.MonkeyPatch) -> None:
     for dtype in (torch.float32, torch.bfloat16):
         for activations in ("float", "int8"):
             x, b = _inputs(12, 96, 50, dtype, True, seed=4)
-            _check(ql.many_rows(x, w, b, activations, amx=False), x, w, b, activations,
-                   _multiplies_in_bf16(activations, dtype, False))
+            _check(ql.many_rows(x, w, b, activations, "strips"), x, w, b, activations,
+                   _multiplies_in_bf16(activations, dtype, "strips"))
 
 
 @pytest.mark.parametrize("activations", ["int8", "float"])
@@ -248,7 +299,7 @@ def test_entry_chooses_by_rows_and_keeps_leading_dims(activations: Activations) 
         x, b = _inputs(rows, 96, 40, torch.float32, True, seed=rows)
         out = ql.quant_linear(x.reshape(1, rows, 96), w, b, activations)
         assert out.shape == (1, rows, 40)
-        many = rows > ql.MAX_FEW_ROWS and _multiplies_in_bf16(activations, x.dtype, True)
+        many = rows > ql.MAX_FEW_ROWS and _multiplies_in_bf16(activations, x.dtype, "auto")
         _check(out.reshape(rows, 40), x, w, b, activations, many)
 
 

@@ -278,6 +278,9 @@ struct QuantActivationsArgs {
 // quant_activations does) @ dequantize(w).T rounded to bf16, summed in float32 (+ bias,
 // float32) with AMX tiles. The kernel returns false, writing nothing, where this copy or this
 // CPU (or its OS) has no AMX, or for a prefill's rows against a weight it leaves to oneDNN.
+// The same arguments for quant_gemm_vnni (kernels/quant_vnni.cpp): int8 activations only,
+// exact integer products per weight group with AVX512-VNNI, float32 sums; false, writing
+// nothing, where this copy or this CPU has no VNNI or the activations are not int8.
 struct QuantGemmArgs {
   const void* x;
   int64_t x_stride;
@@ -325,6 +328,8 @@ struct DenseAmxArgs {
   X(void, quant_dequantize, (const QuantDequantizeArgs& args))  \
   X(void, quant_activations, (const QuantActivationsArgs& args)) \
   X(bool, quant_gemm_amx, (const QuantGemmArgs& args))         \
+  X(bool, quant_gemm_vnni, (const QuantGemmArgs& args))        \
+  X(bool, vnni_usable, ())                                     \
   X(bool, dense_amx_linear, (const DenseAmxArgs& args))        \
   X(bool, amx_usable, ())
 

@@ -1,6 +1,6 @@
 // What the AMX kernels share (quant_amx.cpp: quantized weights dequantized per strip;
 // dense_amx.cpp: bf16 weights packed once): the run-time check, the tile configuration, a
-// 16 x 16 transpose of 32-bit values, and the product of all rows of x with one strip of 32
+// 16 x 16 transpose of 32-bit values (transpose16.h), and the product of all rows of x with one strip of 32
 // weight rows already in the VNNI-pair layout of B tiles.
 //
 // Only for sources compiled with the AMX opt-in (plugserve.kernels.isa: PLUGSERVE_AMX).
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../vec/pvec.h"
+#include "transpose16.h"
 
 PLUGSERVE_ISA_BEGIN
 namespace amx {
@@ -64,30 +65,7 @@ inline void configure_tiles() {
   _tile_loadconfig(&cfg);
 }
 
-// r[i] (16 32-bit values each) becomes column i of the 16 x 16 matrix the rows made.
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 16; i += 8) {
-    for (int j = 0; j < 4; ++j) {
-      t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
-      t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xDD);
-    }
-  }
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
-    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xDD);
-  }
-}
+using tr::transpose16;
 
 // A 64-byte aligned copy of rows of x: a tile row that straddles two cache lines costs a
 // tile load about twice the time (std::vector's 16-byte alignment did that to every tail).

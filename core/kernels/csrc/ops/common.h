@@ -121,11 +121,12 @@ at::Tensor quant_linear_parts(at::Tensor x, const std::vector<at::Tensor>& w,
                               const std::optional<at::Tensor>& bias, at::Tensor out = {});
 
 // The many-row path over GGML blocks (ops/quant_linear.cpp; plugserve.kernels.quant_linear
-// calls it past MAX_FEW_ROWS rows): the AMX kernel where use_amx and it runs, else strips of
-// up to strip_bytes of dequantized weight through oneDNN; the result in x's dtype.
+// calls it past MAX_FEW_ROWS rows): the AMX kernel, else for int8 activations the VNNI one,
+// where they run and `kernels` ("auto", "vnni", "strips") allows them, else strips of up to
+// strip_bytes of dequantized weight through oneDNN; the result in x's dtype.
 at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
                       const std::optional<at::Tensor>& bias, bool int8_activations,
-                      int64_t strip_bytes, bool use_amx);
+                      int64_t strip_bytes, const std::string& kernels);
 
 // The batch linears against their packed weights (ops/dense_amx.cpp, ops/linear.cpp):
 // x [M, K] bf16 @ w.T (+ bias) on AMX tiles, w packed by plugserve.kernels.dense_amx.pack;

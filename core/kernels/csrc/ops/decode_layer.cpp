@@ -99,7 +99,7 @@ at::Tensor linear(const at::Tensor& x, const Tensors& w, const Strings& formats,
   const auto one = [&](const at::Tensor& part, const std::string& format,
                        const OptTensor& part_bias, const at::Tensor& into) {
     if (!batch) return quant_linear(x, part, format, part_bias, int8_activations, into);
-    return quant_gemm(x, part, format, part_bias, int8_activations, kWeightStripBytes, true);
+    return quant_gemm(x, part, format, part_bias, int8_activations, kWeightStripBytes, "auto");
   };
   if (w.size() == 1) return one(w[0], formats[0], bias, out);
   int64_t outputs = 0;

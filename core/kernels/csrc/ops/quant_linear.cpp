@@ -98,11 +98,10 @@ at::Tensor gemm_activations(const at::Tensor& x, bool int8, at::ScalarType dtype
   return out;
 }
 
-// x [M, K] (float32 or bf16, rows contiguous) through the AMX kernel, which takes it to bf16
-// (rounded through int8 first when int8) part by part where it multiplies it.
-bool amx_gemm(const at::Tensor& x, bool int8, const at::Tensor& w, QuantFormat f,
-              const std::optional<at::Tensor>& bias, at::Tensor& out) {
-  const auto bias32 = bias_as_float(bias, w.size(0), "quant_gemm");
+// The kernel arguments for x [M, K] (float32 or bf16, rows contiguous), which the AMX kernel
+// takes to bf16 and the VNNI one to int8 part by part where they multiply it.
+QuantGemmArgs gemm_args(const at::Tensor& x, bool int8, const at::Tensor& w, QuantFormat f,
+                        const at::Tensor& bias32, at::Tensor& out) {
   QuantGemmArgs a{};
   a.x = x.data_ptr();
   a.x_stride = x.stride(0);
@@ -117,21 +116,34 @@ bool amx_gemm(const at::Tensor& x, bool int8, const at::Tensor& w, QuantFormat f
   a.N = w.size(0);
   a.format = f;
   a.out_dtype = float_dtype(out, "quant_gemm");
-  return kernels().quant_gemm_amx(a);
+  return a;
+}
+
+// Which kernels quant_gemm may use: "auto" (AMX where it runs, else VNNI for int8 activations
+// where it runs, else strips; the AMX kernel's leftovers go to strips), "vnni" (VNNI where it
+// runs, else strips), "strips" (the dequantize-and-GEMM path only, as on a CPU with neither).
+enum class GemmKernels { automatic, vnni, strips };
+
+GemmKernels kernels_named(const std::string& name) {
+  if (name == "auto") return GemmKernels::automatic;
+  if (name == "vnni") return GemmKernels::vnni;
+  if (name == "strips") return GemmKernels::strips;
+  TORCH_CHECK(false, "quant_gemm: unknown kernels '", name, "'; allowed: auto, vnni, strips");
 }
 
 }  // namespace
 
 // The many-row path. Float activations in float32: strips of float32 weights, the float32
-// GEMM. Int8 activations (any x) and bf16 x: x rounded through int8 first for int8
-// activations, then the AMX kernel where it runs (use_amx); else strips of dequantized
-// weights through the dense GEMM (oneDNN) in bf16 where the kernel copy in use multiplies bf16
-// natively, and in float32 where it does not (oneDNN's bf16 GEMM is 5-10x slower than its
-// float32 one there); the result in x's dtype.
+// GEMM. Int8 activations (any x) and bf16 x: the AMX kernel where it runs (x rounded through
+// int8 first for int8 activations), else for int8 activations the VNNI kernel where it runs;
+// else strips of dequantized weights through the dense GEMM (oneDNN) in bf16 where the kernel
+// copy in use multiplies bf16 natively, and in float32 where it does not (oneDNN's bf16 GEMM
+// is 5-10x slower than its float32 one there); the result in x's dtype.
 at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
                       const std::optional<at::Tensor>& bias, bool int8_activations,
-                      int64_t strip_bytes, bool use_amx) {
+                      int64_t strip_bytes, const std::string& kernels_name) {
   const QuantFormat f = format_of(format);
+  const GemmKernels use = kernels_named(kernels_name);
   x = checked_x(x, "quant_gemm");
   w = checked_blocks(w, f, format, x.size(1), "quant_gemm");
   TORCH_CHECK(strip_bytes > 0, "quant_gemm: strip_bytes must be positive, got ", strip_bytes);
@@ -146,7 +158,17 @@ at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
     strips_gemm(x, w, f, bias, strip_bytes, out);
     return out;
   }
-  if (use_amx && amx_gemm(x, int8, w, f, bias, out)) return out;
+  if (use != GemmKernels::strips) {
+    const auto bias32 = bias_as_float(bias, w.size(0), "quant_gemm");
+    const QuantGemmArgs a = gemm_args(x, int8, w, f, bias32, out);
+    // Where AMX runs, what it leaves (a prefill against a large weight) goes to oneDNN's
+    // bf16 GEMM on AMX, far faster than integer dot products in vector registers.
+    if (use == GemmKernels::automatic && kernels().amx_usable()) {
+      if (kernels().quant_gemm_amx(a)) return out;
+    } else if (int8 && kernels().quant_gemm_vnni(a)) {
+      return out;
+    }
+  }
   const auto dtype = kernels().bf16_dot ? at::kBFloat16 : at::kFloat;
   const auto xg = gemm_activations(x, int8, dtype);
   if (out.scalar_type() == dtype) {
@@ -166,6 +188,7 @@ at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
 namespace {
 
 bool quant_amx_usable() { return kernels().amx_usable(); }
+bool quant_vnni_usable() { return kernels().vnni_usable(); }
 
 // x [M, K] as the many-row path's dense GEMM of `dtype` (bf16 or float32) takes it (tests).
 at::Tensor quant_gemm_activations(at::Tensor x, bool int8_activations, at::ScalarType dtype) {
@@ -258,8 +281,9 @@ TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
   m.def("quant_dequantize(Tensor w, str format, int cols, ScalarType dtype) -> Tensor",
         &plugserve::ops::quant_dequantize);
   m.def("quant_gemm(Tensor x, Tensor w, str format, Tensor? bias, bool int8_activations, "
-        "int strip_bytes, bool use_amx) -> Tensor", &plugserve::ops::quant_gemm);
+        "int strip_bytes, str kernels) -> Tensor", &plugserve::ops::quant_gemm);
   m.def("quant_amx_usable() -> bool", &plugserve::ops::quant_amx_usable);
+  m.def("quant_vnni_usable() -> bool", &plugserve::ops::quant_vnni_usable);
   m.def("quant_gemm_activations(Tensor x, bool int8_activations, ScalarType dtype) -> Tensor",
         &plugserve::ops::quant_gemm_activations);
 }

@@ -1,0 +1,361 @@
+// The many-row quantized linear with int8 activations on AVX512-VNNI, for CPUs without AMX:
+// out = x_int8 @ dequantize(w).T with integer dot products (vpdpbusd: 64 byte products an
+// instruction, where a float32 FMA does 16), for a decode batch's rows and a prefill's.
+//
+// Compiled into the AVX-512 copies; the `avx512` copy is built without VNNI (Skylake-X has
+// none), so the functions that use it carry the target attribute themselves and the kernel
+// asks the CPU once (`__builtin_cpu_supports`); without VNNI it returns false and the op runs
+// the dequantize-and-GEMM path.
+//
+// x [M, K] is rounded through int8 per 32-block as the few-row kernel rounds it
+// (quant_x_int8.h) and packed once per call, 16 rows a vector: [M / 16][K / 4][16 rows][4]
+// signed bytes, with each 32-block's scale dx, dx * sum(q) and each group's -sum(q) as vectors
+// over the 16 rows. Each task takes panels of kPanelRows weight rows and decodes them
+// (quant_blocks.h) into unsigned bytes (vpdpbusd multiplies unsigned by signed bytes: the
+// formats without a constant are shifted by 8, 16, 32 or 128), a scale per group of G weights
+// (16 for Q6_K, whose scales are per 16, else 32) and each 32-block's constant, all kept in
+// L1 / L2; then every tile of 2 x-vectors (32 rows) x kTileRows weight rows runs over K: per
+// group, the int32 sums of G / 4 vpdpbusd steps (x's packed bytes against a weight row's 4
+// bytes broadcast), started at -shift * sum(xq) so that they are sum(q * xq) exactly, are
+// scaled into float32 sums: sum += float(int) * (g * dx) (+ c * dx * sum(xq) for the formats
+// with a constant). A tile's sums are vectors over x's rows, so each panel's results are
+// transposed 16 x 16 into out (rows of N), with the bias.
+//
+// Measured on a 2-core Xeon (AVX-512 + VNNI, no AMX), Q8_0, ms per call (weights in cache;
+// benchmarks/quant_linear_speed.py --many ... --kernels vnni / strips): 1536 x 576 at 16 /
+// 64 / 128 / 1024 rows 0.14 / 0.30 / 0.55 / 4.9 against 1.0 / 0.87 / 1.6 / 7.9 for the
+// dequantize-and-GEMM path (float32 oneDNN).
+//
+// Sums: exact integer products per group, then float32: the few-row kernel's arithmetic, not
+// the bits of the dequantize-and-GEMM path (float32 products of dequantized weights).
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+#include "../vec/pvec.h"
+#include "quant_blocks.h"
+#include "quant_x_int8.h"
+#include "transpose16.h"
+
+PLUGSERVE_ISA_BEGIN
+
+#if defined(CPU_CAPABILITY_AVX512)
+namespace {
+
+using namespace vec;
+using quant::Chunk;
+using quant::kBlock;
+using quant::kChunk;
+
+#define PLUGSERVE_VNNI __attribute__((target("avx512vnni")))
+
+constexpr int64_t kLanes = 16;      // rows of x per vector of int32 sums
+constexpr int kTileVectors = 2;     // x-vectors per tile (32 rows)
+constexpr int kTileRows = 6;        // weight rows per tile
+constexpr int64_t kPanelRows = 48;  // weight rows decoded at a time (kTileRows divides it)
+
+bool cpu_has_vnni() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") != 0;
+  }();
+  return has;
+}
+
+// What a format's decoded quants (quant_blocks.h: signed) are shifted by to be unsigned bytes,
+// vpdpbusd's unsigned operand: the formats with a constant have unsigned quants already.
+constexpr int unsigned_offset(QuantFormat f) {
+  return f == QuantFormat::q8_0 ? 128 : f == QuantFormat::q4_0 ? 8
+       : f == QuantFormat::q5_0 ? 16 : f == QuantFormat::q6_k ? 32 : 0;
+}
+
+// x rounded through int8 and packed for the tiles.
+struct PackedX {
+  int64_t vectors = 0, K = 0, blocks = 0, groups = 0;
+  std::vector<int8_t> q;     // [vectors][K / 4][16][4] (0 past M)
+  std::vector<float> scale;  // [vectors][blocks][16]: dx (0 past M)
+  std::vector<float> sum;    // [vectors][blocks][16]: dx * sum of the block's quants
+  std::vector<int32_t> neg;  // [vectors][groups][16]: -(sum of the group's quants)
+
+  const int8_t* q_at(int64_t v) const { return q.data() + v * K * kLanes; }
+  const float* scale_at(int64_t v) const { return scale.data() + v * blocks * kLanes; }
+  const float* sum_at(int64_t v) const { return sum.data() + v * blocks * kLanes; }
+  const int32_t* neg_at(int64_t v) const { return neg.data() + v * groups * kLanes; }
+};
+
+template <typename T>
+void pack_x(const QuantGemmArgs& a, int64_t G, PackedX& p) {
+  p.K = a.K;
+  p.blocks = a.K / kBlock;
+  p.groups = a.K / G;
+  p.vectors = (a.M + kLanes - 1) / kLanes;
+  p.q.assign(p.vectors * a.K * kLanes, 0);
+  p.scale.assign(p.vectors * p.blocks * kLanes, 0.0f);
+  p.sum.assign(p.vectors * p.blocks * kLanes, 0.0f);
+  p.neg.assign(p.vectors * p.groups * kLanes, 0);
+  const T* x = static_cast<const T*>(a.x);
+  at::parallel_for(0, p.vectors, 1, [&](int64_t begin, int64_t end) {
+    quant::Int8Rows r;
+    for (int64_t v = begin; v < end; ++v) {
+      const int64_t m0 = v * kLanes, rows = std::min(kLanes, a.M - m0);
+      quant::quantize_rows_into(x + m0 * a.x_stride, a.x_stride, rows, a.K, r);
+      int32_t* q = reinterpret_cast<int32_t*>(p.q.data() + v * a.K * kLanes);
+      for (int64_t i = 0; i < rows; ++i) {
+        const int8_t* src = r.q.data() + i * a.K;
+        for (int64_t k4 = 0; k4 < a.K / 4; ++k4)
+          std::memcpy(q + k4 * kLanes + i, src + 4 * k4, 4);
+        for (int64_t b = 0; b < p.blocks; ++b) {
+          p.scale[(v * p.blocks + b) * kLanes + i] = r.block_scale[i * p.blocks + b];
+          p.sum[(v * p.blocks + b) * kLanes + i] = r.block_sum[i * p.blocks + b];
+        }
+        for (int64_t g = 0; g < p.groups; ++g) {
+          float s = 0.0f;  // whole numbers below 2^24: exact
+          for (int64_t h = g * G / 16; h < (g + 1) * G / 16; ++h)
+            s += r.sum16[i * a.K / 16 + h];
+          p.neg[(v * p.groups + g) * kLanes + i] = -static_cast<int32_t>(s);
+        }
+      }
+    }
+  });
+}
+
+// A panel of weight rows decoded for the tiles (rows past N are zero: they add nothing).
+struct Panel {
+  std::vector<uint8_t> q;  // [kPanelRows][K] quants + the format's unsigned_offset
+  std::vector<float> g;    // [kPanelRows][K / G] each group's scale
+  std::vector<float> c;    // [kPanelRows][K / 32] each 32-block's constant
+};
+
+template <QuantFormat Fmt, int G>
+void decode_panel(const QuantGemmArgs& a, int64_t n0, Panel& p) {
+  const int64_t K = a.K, groups = K / G, blocks = K / kBlock;
+  const int64_t rows = std::min(kPanelRows, a.N - n0);
+  const __m256i offset = _mm256_set1_epi8(static_cast<char>(unsigned_offset(Fmt)));
+  p.q.resize(kPanelRows * K);
+  p.g.resize(kPanelRows * groups);
+  p.c.resize(kPanelRows * blocks);
+  for (int64_t n = 0; n < rows; ++n) {
+    const uint8_t* row = a.w + (n0 + n) * a.w_row_bytes;
+    uint8_t* q = p.q.data() + n * K;
+    float* g = p.g.data() + n * groups;
+    float* c = p.c.data() + n * blocks;
+    if constexpr (quant::block_elems(Fmt) == kBlock) {
+      for (int64_t j = 0; j < blocks; ++j) {
+        const uint8_t* b = row + j * quant::block_bytes(Fmt);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j * kBlock),
+                            _mm256_add_epi8(quant::small_block_q<Fmt>(b), offset));
+        g[j] = quant::half_at(b);
+        c[j] = quant::has_min(Fmt) ? quant::half_at(b + 2) : 0.0f;
+      }
+    } else {
+      Chunk chunk;
+      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+        quant::decode_k<Fmt>(row + k0 / kChunk * quant::block_bytes(Fmt), chunk);
+        for (int64_t j = 0; j < kChunk; j += 32) {
+          const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(chunk.q + j));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k0 + j),
+                              _mm256_add_epi8(v, offset));
+        }
+        for (int64_t j = 0; j < kChunk / G; ++j) g[k0 / G + j] = chunk.g16[j * G / 16];
+        for (int64_t j = 0; j < kChunk / kBlock; ++j) c[k0 / kBlock + j] = chunk.min32[j];
+      }
+    }
+  }
+  for (int64_t n = rows; n < kPanelRows; ++n) {
+    std::memset(p.q.data() + n * K, 0, K);
+    std::fill_n(p.g.data() + n * groups, groups, 0.0f);
+    std::fill_n(p.c.data() + n * blocks, blocks, 0.0f);
+  }
+}
+
+inline int32_t dword_at(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The float32 sums of R x-vectors (from v0) times kTileRows panel rows (from n), over all K,
+// into t[row][R * 16] (row-major over the panel's rows, lanes over x's rows). Per group:
+// sum (q + offset) * xq over the group, started at -offset * sum(xq), is sum q * xq exactly.
+template <int G, int Offset, bool Min, int R>
+PLUGSERVE_VNNI void tile(const PackedX& x, int64_t v0, const Panel& p, int64_t n,
+                         float* __restrict t) {
+  static_assert(Offset == 0 || (Offset & (Offset - 1)) == 0, "a power of two");
+  constexpr int kShift = Offset == 0 ? 0 : __builtin_ctz(Offset);
+  const int64_t K = x.K, groups = K / G, blocks = x.blocks;
+  const int8_t* xq[R];
+  const float* xs[R];
+  const float* xsum[R];
+  const int32_t* xneg[R];
+  for (int r = 0; r < R; ++r) {
+    xq[r] = x.q_at(v0 + r);
+    xs[r] = x.scale_at(v0 + r);
+    xsum[r] = x.sum_at(v0 + r);
+    xneg[r] = x.neg_at(v0 + r);
+  }
+  const uint8_t* wq = p.q.data() + n * K;
+  const float* wg = p.g.data() + n * groups;
+  const float* wc = p.c.data() + n * blocks;
+  __m512 acc[kTileRows][R];
+#pragma GCC unroll 8
+  for (int j = 0; j < kTileRows; ++j)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < groups; ++b) {
+    __m512i start[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      start[r] = Offset == 0 ? _mm512_setzero_si512()
+                             : _mm512_slli_epi32(_mm512_loadu_si512(xneg[r] + b * kLanes),
+                                                 kShift);
+    }
+    __m512i sums[kTileRows][R];
+#pragma GCC unroll 8
+    for (int j = 0; j < kTileRows; ++j)
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) sums[j][r] = start[r];
+#pragma GCC unroll 8
+    for (int s = 0; s < G / 4; ++s) {
+      const int64_t k4 = b * (G / 4) + s;
+      __m512i xv[R];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_si512(xq[r] + k4 * 64);
+#pragma GCC unroll 8
+      for (int j = 0; j < kTileRows; ++j) {
+        const __m512i wv = _mm512_set1_epi32(dword_at(wq + j * K + 4 * k4));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) sums[j][r] = _mm512_dpbusd_epi32(sums[j][r], wv, xv[r]);
+      }
+    }
+    const int64_t blk = b * G / kBlock;
+    __m512 dx[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) dx[r] = _mm512_loadu_ps(xs[r] + blk * kLanes);
+#pragma GCC unroll 8
+    for (int j = 0; j < kTileRows; ++j) {
+      const __m512 g = _mm512_set1_ps(wg[j * groups + b]);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+        acc[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[j][r]), _mm512_mul_ps(g, dx[r]),
+                                    acc[j][r]);
+    }
+    if constexpr (Min) {  // G == 32: one constant per group
+      __m512 sx[R];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) sx[r] = _mm512_loadu_ps(xsum[r] + blk * kLanes);
+#pragma GCC unroll 8
+      for (int j = 0; j < kTileRows; ++j) {
+        const __m512 c = _mm512_set1_ps(wc[j * blocks + blk]);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) acc[j][r] = _mm512_fmadd_ps(c, sx[r], acc[j][r]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < kTileRows; ++j)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(t + j * R * kLanes + r * kLanes, acc[j][r]);
+}
+
+// The panel's sums t [kPanelRows][lanes] (lanes: 16 or 32) for x's rows m0 .. m0 + rows,
+// into out with the bias, transposed 16 x 16 at a time.
+template <typename TO>
+void store_panel(const QuantGemmArgs& a, const float* t, int64_t lanes, int64_t m0,
+                 int64_t rows, int64_t n0) {
+  const int64_t cols = std::min(kPanelRows, a.N - n0);
+  TO* out = static_cast<TO*>(a.out);
+  for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
+    const int64_t n = std::min(kLanes, cols - c0);
+    const F bias = a.bias == nullptr ? F(0.0f) : load_n(a.bias + n0 + c0, n);
+    for (int64_t l0 = 0; l0 < rows; l0 += kLanes) {
+      __m512i r[kLanes];
+      for (int64_t i = 0; i < kLanes; ++i)
+        r[i] = _mm512_loadu_si512(t + (c0 + i) * lanes + l0);
+      tr::transpose16(r);
+      for (int64_t i = 0; i < std::min(kLanes, rows - l0); ++i) {
+        const F y = F(_mm512_castsi512_ps(r[i])) + bias;
+        TO* dst = out + (m0 + l0 + i) * a.N + n0 + c0;
+        if (n == kLanes) {
+          store(dst, y);
+        } else {
+          store_n(dst, y, n);
+        }
+      }
+    }
+  }
+}
+
+template <QuantFormat Fmt, int G, typename TO>
+PLUGSERVE_VNNI void panels(const QuantGemmArgs& a, const PackedX& x, int64_t begin,
+                           int64_t end) {
+  constexpr bool kMin = quant::has_min(Fmt);
+  constexpr int kOffset = unsigned_offset(Fmt);
+  Panel p;
+  std::vector<float> t(kPanelRows * kTileVectors * kLanes);
+  for (int64_t pi = begin; pi < end; ++pi) {
+    const int64_t n0 = pi * kPanelRows;
+    decode_panel<Fmt, G>(a, n0, p);
+    for (int64_t v = 0; v < x.vectors; v += kTileVectors) {
+      const int64_t vs = std::min<int64_t>(kTileVectors, x.vectors - v);
+      for (int64_t n = 0; n < kPanelRows; n += kTileRows) {
+        float* tn = t.data() + n * vs * kLanes;
+        if (vs == 2) {
+          tile<G, kOffset, kMin, 2>(x, v, p, n, tn);
+        } else {
+          tile<G, kOffset, kMin, 1>(x, v, p, n, tn);
+        }
+      }
+      const int64_t m0 = v * kLanes;
+      store_panel<TO>(a, t.data(), vs * kLanes, m0, std::min(vs * kLanes, a.M - m0), n0);
+    }
+  }
+}
+
+// Weights per scale: Q6_K's scales are per 16, the other formats' per 32.
+constexpr int group_of(QuantFormat f) { return f == QuantFormat::q6_k ? 16 : 32; }
+
+template <QuantFormat Fmt, typename TO>
+void run(const QuantGemmArgs& a, const PackedX& x) {
+  constexpr int G = group_of(Fmt);
+  const int64_t count = (a.N + kPanelRows - 1) / kPanelRows;
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    panels<Fmt, G, TO>(a, x, begin, end);
+  });
+}
+
+}  // namespace
+
+bool vnni_usable() { return cpu_has_vnni(); }
+
+bool quant_gemm_vnni(const QuantGemmArgs& a) {
+  if (!cpu_has_vnni() || !a.int8 || a.K % kBlock != 0) return false;
+  TORCH_CHECK(a.out_dtype == Dtype::f32 || a.out_dtype == Dtype::bf16,
+              "quant_gemm: float32 or bfloat16 output only");
+  PackedX x;
+  const int64_t G = group_of(a.format);
+  if (a.x_dtype == Dtype::f32) {
+    pack_x<float>(a, G, x);
+  } else {
+    TORCH_CHECK(a.x_dtype == Dtype::bf16, "quant_gemm: float32 or bfloat16 x only");
+    pack_x<BF16>(a, G, x);
+  }
+  quant::with_format(a.format, [&](auto fmt) {
+    constexpr QuantFormat Fmt = decltype(fmt)::value;
+    if (a.out_dtype == Dtype::f32) {
+      run<Fmt, float>(a, x);
+    } else {
+      run<Fmt, BF16>(a, x);
+    }
+  });
+  return true;
+}
+
+#else  // no AVX-512 in this copy
+
+bool vnni_usable() { return false; }
+bool quant_gemm_vnni(const QuantGemmArgs&) { return false; }
+
+#endif
+
+PLUGSERVE_ISA_END
