@@ -15,8 +15,11 @@ Two compiled paths, chosen by the rows of x:
   tiles where `amx_available()` (`csrc/kernels/quant_amx.cpp`: a bf16 product with float32
   sums; strips of 32 weight rows dequantized into the B tiles' layout, reused across all rows
   of x; past 256 rows the whole weight first, then panels of x against it, the dense AMX
-  kernel's prefill order), else, and for a prefill's rows against a weight of more than 2 MiB
-  in bf16 (where oneDNN's GEMM is the faster, as for the dense weights), the matrix
+  kernel's prefill order), and for a prefill's rows against a weight of more than 2 MiB in
+  bf16 (where oneDNN's GEMM is the faster, as for the dense weights) the path below; without
+  AMX, int8 activations go to the VNNI kernel where the CPU has AVX512-VNNI
+  (`csrc/kernels/quant_vnni.cpp`: x's int8 quants against the weight's bytes with vpdpbusd,
+  exact integer sums per weight group, float32 sums of their scaled values); else the matrix
   dequantized in strips of up to `STRIP_BYTES` (usually whole) and one dense GEMM per strip
   written in place into the output: in bf16 where the kernel copy in use multiplies bf16
   natively (`avx512_bf16`), in float32 elsewhere (oneDNN's bf16 GEMM is 5-10x slower than its
