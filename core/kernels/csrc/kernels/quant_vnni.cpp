@@ -9,7 +9,7 @@
 //
 // x [M, K] is rounded through int8 per 32-block as the few-row kernel rounds it
 // (quant_x_int8.h) and packed once per call, 16 rows a vector: [M / 16][K / 4][16 rows][4]
-// signed bytes, with each 32-block's scale dx, dx * sum(q) and each group's -sum(q) as vectors
+// signed bytes (16 x 16 transposes of 4-byte groups), with each 32-block's scale dx, dx * sum(q) and each group's -sum(q) as vectors
 // over the 16 rows. Each task takes panels of kPanelRows weight rows and decodes them
 // (quant_blocks.h) into unsigned bytes (vpdpbusd multiplies unsigned by signed bytes: the
 // formats without a constant are shifted by 8, 16, 32 or 128), a scale per group of G weights
@@ -90,7 +90,7 @@ void pack_x(const QuantGemmArgs& a, int64_t G, PackedX& p) {
   p.blocks = a.K / kBlock;
   p.groups = a.K / G;
   p.vectors = (a.M + kLanes - 1) / kLanes;
-  p.q.assign(p.vectors * a.K * kLanes, 0);
+  p.q.resize(p.vectors * a.K * kLanes);
   p.scale.assign(p.vectors * p.blocks * kLanes, 0.0f);
   p.sum.assign(p.vectors * p.blocks * kLanes, 0.0f);
   p.neg.assign(p.vectors * p.groups * kLanes, 0);
@@ -100,11 +100,20 @@ void pack_x(const QuantGemmArgs& a, int64_t G, PackedX& p) {
     for (int64_t v = begin; v < end; ++v) {
       const int64_t m0 = v * kLanes, rows = std::min(kLanes, a.M - m0);
       quant::quantize_rows_into(x + m0 * a.x_stride, a.x_stride, rows, a.K, r);
-      int32_t* q = reinterpret_cast<int32_t*>(p.q.data() + v * a.K * kLanes);
+      // [16 rows][K] -> [K / 4][16 rows][4]: 16 x 16 transposes of 4-byte groups.
+      r.q.resize(kLanes * a.K, 0);  // rows past M: zero quants
+      int8_t* q = p.q.data() + v * a.K * kLanes;
+      for (int64_t k = 0; k < a.K; k += 64) {
+        __m512i t[kLanes];
+        const __mmask16 lanes = static_cast<__mmask16>(
+            (1u << std::min<int64_t>(kLanes, (a.K - k) / 4)) - 1);
+        for (int64_t i = 0; i < kLanes; ++i)
+          t[i] = _mm512_maskz_loadu_epi32(lanes, r.q.data() + i * a.K + k);
+        tr::transpose16(t);
+        for (int64_t j = 0; j < std::min<int64_t>(kLanes, (a.K - k) / 4); ++j)
+          _mm512_storeu_si512(q + (k / 4 + j) * 64, t[j]);
+      }
       for (int64_t i = 0; i < rows; ++i) {
-        const int8_t* src = r.q.data() + i * a.K;
-        for (int64_t k4 = 0; k4 < a.K / 4; ++k4)
-          std::memcpy(q + k4 * kLanes + i, src + 4 * k4, 4);
         for (int64_t b = 0; b < p.blocks; ++b) {
           p.scale[(v * p.blocks + b) * kLanes + i] = r.block_scale[i * p.blocks + b];
           p.sum[(v * p.blocks + b) * kLanes + i] = r.block_sum[i * p.blocks + b];
