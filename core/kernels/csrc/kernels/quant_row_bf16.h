@@ -37,13 +37,13 @@ inline __m512 max_of_each(__m512 m[16]) {
 }
 #endif
 
-// One row of x: each 32-block rounded through int8 (as reference.quantize_activations_int8:
-// divide by the float32 scale, round half to even, multiply by the scale rounded to fp16),
-// then to O (bf16 or float32).
-template <typename T, typename O>
-inline void round_row_int8(const T* x, int64_t K, O* out) {
-  static_assert(std::is_same_v<O, BF16> || std::is_same_v<O, float>);
 #if defined(CPU_CAPABILITY_AVX512)
+// The 32-blocks of one row of x [K] (float or BF16) rounded through int8 as
+// reference.quantize_activations_int8 rounds them (divide by the float32 scale, round half to
+// even; the scale itself rounded to fp16): fn(k0, qlo, qhi, d) for each block at k0, with its
+// 32 quants as whole float32 values (two vectors) and d, the fp16-rounded scale.
+template <typename T, typename Fn>
+inline void for_each_int8_block(const T* x, int64_t K, Fn&& fn) {
   const auto load32 = [&](int64_t k, __m512& lo, __m512& hi) {
     if constexpr (std::is_same_v<T, float>) {
       lo = _mm512_loadu_ps(x + k);
@@ -101,21 +101,33 @@ inline void round_row_int8(const T* x, int64_t K, O* out) {
           qhi = _mm512_roundscale_ps(_mm512_div_ps(hi, sv), kEven);
         }
       }
-      qlo = _mm512_mul_ps(qlo, _mm512_set1_ps(d[j]));
-      qhi = _mm512_mul_ps(qhi, _mm512_set1_ps(d[j]));
-      if constexpr (std::is_same_v<O, float>) {
-        _mm512_storeu_ps(out + k0, qlo);
-        _mm512_storeu_ps(out + k0 + 16, qhi);
-      } else {
-#if defined(__AVX512BF16__)
-        _mm512_storeu_si512(out + k0,
-                            reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(qhi, qlo)));
-#else
-        at::vec::convert_float_bfloat16(vec::F(qlo), vec::F(qhi)).store(out + k0);
-#endif
-      }
+      fn(k0, qlo, qhi, d[j]);
     }
   }
+}
+#endif
+
+// One row of x: each 32-block rounded through int8 (as reference.quantize_activations_int8:
+// divide by the float32 scale, round half to even, multiply by the scale rounded to fp16),
+// then to O (bf16 or float32).
+template <typename T, typename O>
+inline void round_row_int8(const T* x, int64_t K, O* out) {
+  static_assert(std::is_same_v<O, BF16> || std::is_same_v<O, float>);
+#if defined(CPU_CAPABILITY_AVX512)
+  for_each_int8_block(x, K, [&](int64_t k0, __m512 qlo, __m512 qhi, float d) {
+    qlo = _mm512_mul_ps(qlo, _mm512_set1_ps(d));
+    qhi = _mm512_mul_ps(qhi, _mm512_set1_ps(d));
+    if constexpr (std::is_same_v<O, float>) {
+      _mm512_storeu_ps(out + k0, qlo);
+      _mm512_storeu_ps(out + k0 + 16, qhi);
+    } else {
+#if defined(__AVX512BF16__)
+      _mm512_storeu_si512(out + k0, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(qhi, qlo)));
+#else
+      at::vec::convert_float_bfloat16(vec::F(qlo), vec::F(qhi)).store(out + k0);
+#endif
+    }
+  });
   return;
 #endif
   for (int64_t k0 = 0; k0 < K; k0 += kBlock) {

@@ -7,10 +7,10 @@
 // asks the CPU once (`__builtin_cpu_supports`); without VNNI it returns false and the op runs
 // the dequantize-and-GEMM path.
 //
-// x [M, K] is rounded through int8 per 32-block as the few-row kernel rounds it
-// (quant_x_int8.h) and packed once per call, 16 rows a vector: [M / 16][K / 4][16 rows][4]
-// signed bytes (16 x 16 transposes of 4-byte groups), with each 32-block's scale dx, dx * sum(q) and each group's -sum(q) as vectors
-// over the 16 rows. Each task takes panels of kPanelRows weight rows and decodes them
+// x [M, K] is rounded through int8 per 32-block as the other kernels round it
+// (quant_row_bf16.h) and packed once per call, 16 rows a vector: [M / 16][K / 4][16 rows][4]
+// signed bytes (16 x 16 transposes of 4-byte groups), with each 32-block's scale dx,
+// dx * sum(q) and each group's -sum(q) as vectors over the 16 rows. Each task takes panels of kPanelRows weight rows and decodes them
 // (quant_blocks.h) into unsigned bytes (vpdpbusd multiplies unsigned by signed bytes: the
 // formats without a constant are shifted by 8, 16, 32 or 128), a scale per group of G weights
 // (16 for Q6_K, whose scales are per 16, else 32) and each 32-block's constant, all kept in
@@ -35,7 +35,7 @@
 
 #include "../vec/pvec.h"
 #include "quant_blocks.h"
-#include "quant_x_int8.h"
+#include "quant_row_bf16.h"
 #include "transpose16.h"
 
 PLUGSERVE_ISA_BEGIN
@@ -96,34 +96,44 @@ void pack_x(const QuantGemmArgs& a, int64_t G, PackedX& p) {
   p.neg.assign(p.vectors * p.groups * kLanes, 0);
   const T* x = static_cast<const T*>(a.x);
   at::parallel_for(0, p.vectors, 1, [&](int64_t begin, int64_t end) {
-    quant::Int8Rows r;
+    std::vector<int8_t> rows_q(kLanes * a.K);  // the vector's rows of quants, [16][K]
     for (int64_t v = begin; v < end; ++v) {
       const int64_t m0 = v * kLanes, rows = std::min(kLanes, a.M - m0);
-      quant::quantize_rows_into(x + m0 * a.x_stride, a.x_stride, rows, a.K, r);
-      // [16 rows][K] -> [K / 4][16 rows][4]: 16 x 16 transposes of 4-byte groups.
-      r.q.resize(kLanes * a.K, 0);  // rows past M: zero quants
-      int8_t* q = p.q.data() + v * a.K * kLanes;
-      for (int64_t k = 0; k < a.K; k += 64) {
-        __m512i t[kLanes];
-        const __mmask16 lanes = static_cast<__mmask16>(
-            (1u << std::min<int64_t>(kLanes, (a.K - k) / 4)) - 1);
-        for (int64_t i = 0; i < kLanes; ++i)
-          t[i] = _mm512_maskz_loadu_epi32(lanes, r.q.data() + i * a.K + k);
-        tr::transpose16(t);
-        for (int64_t j = 0; j < std::min<int64_t>(kLanes, (a.K - k) / 4); ++j)
-          _mm512_storeu_si512(q + (k / 4 + j) * 64, t[j]);
-      }
+      float* scale = p.scale.data() + v * p.blocks * kLanes;
+      float* sum = p.sum.data() + v * p.blocks * kLanes;
+      int32_t* neg = p.neg.data() + v * p.groups * kLanes;
       for (int64_t i = 0; i < rows; ++i) {
-        for (int64_t b = 0; b < p.blocks; ++b) {
-          p.scale[(v * p.blocks + b) * kLanes + i] = r.block_scale[i * p.blocks + b];
-          p.sum[(v * p.blocks + b) * kLanes + i] = r.block_sum[i * p.blocks + b];
-        }
-        for (int64_t g = 0; g < p.groups; ++g) {
-          float s = 0.0f;  // whole numbers below 2^24: exact
-          for (int64_t h = g * G / 16; h < (g + 1) * G / 16; ++h)
-            s += r.sum16[i * a.K / 16 + h];
-          p.neg[(v * p.groups + g) * kLanes + i] = -static_cast<int32_t>(s);
-        }
+        int8_t* q = rows_q.data() + i * a.K;
+        quant::for_each_int8_block(
+            x + (m0 + i) * a.x_stride, a.K, [&](int64_t k0, __m512 qlo, __m512 qhi, float d) {
+              _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k0),
+                               _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(qlo)));
+              _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k0 + 16),
+                               _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(qhi)));
+              // whole numbers of at most 16 * 127: exact in float
+              const float lo = _mm512_reduce_add_ps(qlo), hi = _mm512_reduce_add_ps(qhi);
+              const int64_t b = k0 / kBlock;
+              scale[b * kLanes + i] = d;
+              sum[b * kLanes + i] = d * (lo + hi);
+              if (G == kBlock) {
+                neg[b * kLanes + i] = -static_cast<int32_t>(lo + hi);
+              } else {
+                neg[2 * b * kLanes + i] = -static_cast<int32_t>(lo);
+                neg[(2 * b + 1) * kLanes + i] = -static_cast<int32_t>(hi);
+              }
+            });
+      }
+      std::fill(rows_q.begin() + rows * a.K, rows_q.end(), 0);  // rows past M: zero quants
+      // [16 rows][K] -> [K / 4][16 rows][4]: 16 x 16 transposes of 4-byte groups.
+      int8_t* packed = p.q.data() + v * a.K * kLanes;
+      for (int64_t k = 0; k < a.K; k += 64) {
+        const int64_t groups4 = std::min<int64_t>(kLanes, (a.K - k) / 4);
+        const __mmask16 lanes = static_cast<__mmask16>((1u << groups4) - 1);
+        __m512i t[kLanes];
+        for (int64_t i = 0; i < kLanes; ++i)
+          t[i] = _mm512_maskz_loadu_epi32(lanes, rows_q.data() + i * a.K + k);
+        tr::transpose16(t);
+        for (int64_t j = 0; j < groups4; ++j) _mm512_storeu_si512(packed + (k / 4 + j) * 64, t[j]);
       }
     }
   });
