@@ -18,8 +18,8 @@ The K-quants (256-weight superblocks) apply only to the 1536-column matrix.
 call of x[M, cols] @ W.T for each M through `quant_linear.many_rows` (int8 activations with
 float32 and bf16 x, float activations with bf16 and float32 x; `--kernels auto` as the engine
 chooses (AMX where the CPU has it, else VNNI for int8 activations), `vnni`, or `strips` for the
-dequantize-and-GEMM path), against the dense bf16 and float32
-`F.linear` and the dequantization of the whole matrix to bf16. The weight stays in the caches
+dequantize-and-GEMM path), against the dense bf16 and float32 `F.linear` and the
+dequantization of the whole matrix to bf16. The weight stays in the caches
 (as in a prefill, where many rows share it).
 
     python benchmarks/quant_linear_speed.py --many 16,64,256,1024 [--formats q8_0,q4_k]

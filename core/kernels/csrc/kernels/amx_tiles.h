@@ -1,7 +1,7 @@
 // What the AMX kernels share (quant_amx.cpp: quantized weights dequantized per strip;
 // dense_amx.cpp: bf16 weights packed once): the run-time check, the tile configuration, a
-// 16 x 16 transpose of 32-bit values (transpose16.h), and the product of all rows of x with one strip of 32
-// weight rows already in the VNNI-pair layout of B tiles.
+// 16 x 16 transpose of 32-bit values (transpose16.h), and the product of all rows of x with
+// one strip of 32 weight rows already in the VNNI-pair layout of B tiles.
 //
 // Only for sources compiled with the AMX opt-in (plugserve.kernels.isa: PLUGSERVE_AMX).
 #pragma once
