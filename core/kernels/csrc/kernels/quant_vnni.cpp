@@ -10,16 +10,17 @@
 // x [M, K] is rounded through int8 per 32-block as the other kernels round it
 // (quant_row_bf16.h) and packed once per call, 16 rows a vector: [M / 16][K / 4][16 rows][4]
 // signed bytes (16 x 16 transposes of 4-byte groups), with each 32-block's scale dx,
-// dx * sum(q) and each group's -sum(q) as vectors over the 16 rows. Each task takes panels of kPanelRows weight rows and decodes them
-// (quant_blocks.h) into unsigned bytes (vpdpbusd multiplies unsigned by signed bytes: the
-// formats without a constant are shifted by 8, 16, 32 or 128), a scale per group of G weights
-// (16 for Q6_K, whose scales are per 16, else 32) and each 32-block's constant, all kept in
-// L1 / L2; then every tile of 2 x-vectors (32 rows) x kTileRows weight rows runs over K: per
-// group, the int32 sums of G / 4 vpdpbusd steps (x's packed bytes against a weight row's 4
-// bytes broadcast), started at -shift * sum(xq) so that they are sum(q * xq) exactly, are
-// scaled into float32 sums: sum += float(int) * (g * dx) (+ c * dx * sum(xq) for the formats
-// with a constant). A tile's sums are vectors over x's rows, so each panel's results are
-// transposed 16 x 16 into out (rows of N), with the bias.
+// dx * sum(q) and each group's -sum(q) as vectors over the 16 rows. Each task takes panels of
+// kPanelRows weight rows and decodes them (quant_blocks.h) into unsigned bytes (vpdpbusd
+// multiplies unsigned by signed bytes: the formats without a constant are shifted by 8, 16,
+// 32 or 128), a scale per group of G weights (16 for Q6_K, whose scales are per 16, else 32)
+// and each 32-block's constant, all kept in L1 / L2; then every tile of 2 x-vectors (32 rows)
+// x kTileRows weight rows runs over K: per group, the int32 sums of G / 4 vpdpbusd steps
+// (x's packed bytes against a weight row's 4 bytes broadcast), started at -shift * sum(xq) so
+// that they are sum(q * xq) exactly, are scaled into float32 sums: sum += float(int) *
+// (g * dx) (+ c * dx * sum(xq) for the formats with a constant). A tile's sums are vectors
+// over x's rows, so each panel's results are transposed 16 x 16 into out (rows of N), with
+// the bias.
 //
 // Measured on a 2-core Xeon (AVX-512 + VNNI, no AMX), Q8_0, ms per call (weights in cache;
 // benchmarks/quant_linear_speed.py --many ... --kernels vnni / strips): 1536 x 576 at 16 /
