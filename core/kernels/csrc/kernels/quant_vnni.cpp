@@ -248,27 +248,24 @@ PLUGSERVE_VNNI void tile(const PackedX& x, int64_t v0, const Panel& p, int64_t n
         for (int r = 0; r < R; ++r) sums[j][r] = _mm512_dpbusd_epi32(sums[j][r], wv, xv[r]);
       }
     }
+    // acc += float(sum) * (g * dx), then + c * dx * sum(xq) for the formats with a constant
+    // (G == 32 for them: one constant per group).
     const int64_t blk = b * G / kBlock;
-    __m512 dx[R];
+    __m512 dx[R], sx[R];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) dx[r] = _mm512_loadu_ps(xs[r] + blk * kLanes);
+    for (int r = 0; r < R; ++r) {
+      dx[r] = _mm512_loadu_ps(xs[r] + blk * kLanes);
+      if constexpr (Min) sx[r] = _mm512_loadu_ps(xsum[r] + blk * kLanes);
+    }
 #pragma GCC unroll 8
     for (int j = 0; j < kTileRows; ++j) {
       const __m512 g = _mm512_set1_ps(wg[j * groups + b]);
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
+      for (int r = 0; r < R; ++r) {
         acc[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[j][r]), _mm512_mul_ps(g, dx[r]),
                                     acc[j][r]);
-    }
-    if constexpr (Min) {  // G == 32: one constant per group
-      __m512 sx[R];
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) sx[r] = _mm512_loadu_ps(xsum[r] + blk * kLanes);
-#pragma GCC unroll 8
-      for (int j = 0; j < kTileRows; ++j) {
-        const __m512 c = _mm512_set1_ps(wc[j * blocks + blk]);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) acc[j][r] = _mm512_fmadd_ps(c, sx[r], acc[j][r]);
+        if constexpr (Min)
+          acc[j][r] = _mm512_fmadd_ps(_mm512_set1_ps(wc[j * blocks + blk]), sx[r], acc[j][r]);
       }
     }
   }
