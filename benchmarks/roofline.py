@@ -22,15 +22,28 @@ roofline reached), and the ISA copy of the CPU kernels that ran (`PLUGSERVE_CPU_
 forces the AVX2 one on an AVX-512 machine). Torch uses `torch.get_num_threads()` threads for
 both (OMP_NUM_THREADS).
 
+With --split, one more run of the same request times each decode step's parts (the median
+over its steps): the decoder layers (the compiled stack's one call), the LM head (`compute_logits`),
+the rest of the model's `forward` (embedding, rope, attention plans, final norm: Python and
+small ops) and the rest of the step outside `forward` (scheduling, batch tensors, sampling),
+each with the GB/s its weight bytes make over its time: what is between the kernels and the
+roofline. The timers wrap those calls for that run only.
+
     python benchmarks/roofline.py [--dtypes float32,bfloat16] [--prompt-len 128]
-        [--new-tokens 128] [--repeats 3] [--bandwidth-mib 1024] [--model PATH] [--json]
+        [--new-tokens 128] [--repeats 3] [--bandwidth-mib 1024] [--model PATH] [--split]
+        [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import random
+import statistics
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -57,6 +70,15 @@ def kv_bytes_per_token(engine: Any) -> int:
     return int(layers * 2 * arch.num_key_value_heads * arch.head_dim * elt)
 
 
+def lm_head_bytes(engine: Any) -> int:
+    """Bytes the LM head reads per step: its blocks where quantized, else its matrix."""
+    holder = engine.model.lm_head_holder
+    if holder.quant is not None:
+        return int(holder.resident_bytes())
+    weight = holder.weight
+    return int(weight.numel() * weight.element_size())
+
+
 def decode_step(engine: Any, prompt: list[int], new_tokens: int,
                 repeats: int) -> dict[str, float]:
     from plugserve.sampling import SamplingParams
@@ -80,6 +102,54 @@ def decode_step(engine: Any, prompt: list[int], new_tokens: int,
     return {"tpot_s": best_tpot, "forward_s": best_forward, "prefill_forward_s": prefill_forward}
 
 
+@contextlib.contextmanager
+def timed(owner: Any, name: str, record: Callable[[float, float], None]) -> Iterator[None]:
+    """`owner.name` (a class's method) reporting (start, seconds) of every call to `record`
+    while the block runs."""
+    original = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            record(start, time.perf_counter() - start)
+
+    setattr(owner, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def step_split(engine: Any, prompt: list[int], new_tokens: int) -> dict[str, float] | None:
+    """Median seconds per decode step of the decoder stack, the LM head, the rest of forward
+    and the rest of the step (None where the decode steps do not run the compiled stack)."""
+    from plugserve.kernels import decode_layer
+    from plugserve.sampling import SamplingParams
+
+    model_type = type(engine.model)
+    stack: list[tuple[float, float]] = []
+    head: list[tuple[float, float]] = []
+    forward: list[tuple[float, float]] = []
+    with timed(decode_layer.DecodeStack, "run", lambda t, d: stack.append((t, d))), \
+            timed(model_type, "compute_logits", lambda t, d: head.append((t, d))), \
+            timed(model_type, "forward", lambda t, d: forward.append((t, d))):
+        engine.generate([prompt], SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+    # The decode steps: the forwards that ran the stack (the first forward is the prefill).
+    steps = [(f, next(d for t, d in stack if f[0] <= t <= f[0] + f[1]),
+              next(d for t, d in head if f[0] <= t <= f[0] + f[1]))
+             for f in forward if any(f[0] <= t <= f[0] + f[1] for t, _ in stack)]
+    if len(steps) < 2:
+        return None
+    step_s = statistics.median(b[0][0] - a[0][0] for a, b in itertools.pairwise(steps))
+    stack_s = statistics.median(s for _, s, _ in steps)
+    head_s = statistics.median(h for _, _, h in steps)
+    forward_s = statistics.median(f[1] for f, _, _ in steps)
+    return {"step_s": step_s, "stack_s": stack_s, "lm_head_s": head_s,
+            "forward_rest_s": forward_s - stack_s - head_s, "outside_forward_s": step_s - forward_s}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtypes", default="float32,bfloat16")
@@ -88,6 +158,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bandwidth-mib", type=int, default=1024)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--split", action="store_true",
+                        help="time each decode step's parts in one more run")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.new_tokens < 2:
@@ -112,6 +184,8 @@ def main() -> None:
             mean_context = args.prompt_len + (args.new_tokens - 1) / 2
             step_bytes = weights + kv_token * mean_context
             step = decode_step(engine, prompt, args.new_tokens, args.repeats)
+            split = step_split(engine, prompt, args.new_tokens) if args.split else None
+            head_bytes = lm_head_bytes(engine)
             after = measure_bandwidth(args.bandwidth_mib, bandwidth_repeats)
             bandwidth = max(before, after, key=lambda b: b["read_gb_s"])
             hidden = int(engine.arch.hidden_size)
@@ -133,6 +207,8 @@ def main() -> None:
             "fraction_of_roofline": bound / step["tpot_s"],
             "forward_fraction_of_roofline": bound / step["forward_s"],
             "lm_head_gemv_gb_s": gemv,
+            "split": split,
+            "lm_head_bytes": head_bytes,
         })
     if args.json:
         print(json.dumps(out, indent=2))
@@ -155,6 +231,20 @@ def main() -> None:
             f"{r['forward_fraction_of_roofline']:.1%}); LM-head GEMV alone "
             f"{r['lm_head_gemv_gb_s']:.1f} GB/s"
         )
+        split = r["split"]
+        if split is not None:
+            layer_bytes = r["weight_bytes"] - r["lm_head_bytes"]
+            print(
+                f"  a decode step's parts (median ms): step {split['step_s'] * 1e3:.2f} = decoder "
+                f"layers {split['stack_s'] * 1e3:.2f} ({layer_bytes / split['stack_s'] / GB:.1f} "
+                f"GB/s over their {layer_bytes / 1e6:.1f} MB of weights; the KV besides) + LM head "
+                f"{split['lm_head_s'] * 1e3:.2f} ({r['lm_head_bytes'] / split['lm_head_s'] / GB:.1f}"
+                f" GB/s over {r['lm_head_bytes'] / 1e6:.1f} MB) + the rest of forward "
+                f"{split['forward_rest_s'] * 1e3:.2f} + outside forward "
+                f"{split['outside_forward_s'] * 1e3:.2f}"
+            )
+        elif args.split:
+            print("  (--split: the decode steps did not run the compiled decoder stack)")
 
 
 if __name__ == "__main__":
