@@ -1,0 +1,46 @@
+"""`benchmarks/roofline.py --split`: the parts of a decode step it times on the tiny model
+(the checker at level 1 with physical page checks), and the timers gone afterwards."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from plugserve.engine import Engine
+from plugserve.kernels import decode_layer
+from plugserve.model.llama import CausalLM
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "roofline.py"
+
+
+def load_roofline() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("roofline_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["roofline_script"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not decode_layer.available(),
+                    reason=f"the compiled decode stack is unavailable: "
+                           f"{decode_layer.why_unavailable()}")
+def test_split_times_every_part_of_the_decode_steps(tiny_model_dir: Path) -> None:
+    roofline = load_roofline()
+    originals = (decode_layer.DecodeStack.run, CausalLM.compute_logits, CausalLM.forward)
+    with Engine(model=str(tiny_model_dir), dtype="float32", mem_check=1, check_pages=True) as engine:
+        split = roofline.step_split(engine, [5, 6, 7, 8, 9], 12)
+        head_bytes = roofline.lm_head_bytes(engine)  # a leak would have stopped the run
+    assert (decode_layer.DecodeStack.run, CausalLM.compute_logits, CausalLM.forward) == originals
+    assert split is not None
+    assert split["stack_s"] > 0 and split["lm_head_s"] > 0
+    # The parts are medians of the same steps: the forward's rest and the step's rest are
+    # what remains of the medians, never negative beyond rounding.
+    assert split["forward_rest_s"] > -1e-4 and split["outside_forward_s"] > -1e-4
+    assert split["step_s"] >= split["stack_s"]
+    arch = engine.arch
+    assert head_bytes == arch.vocab_size * arch.hidden_size * 4  # a float32 [vocab, hidden] head
