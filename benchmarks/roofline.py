@@ -70,15 +70,6 @@ def kv_bytes_per_token(engine: Any) -> int:
     return int(layers * 2 * arch.num_key_value_heads * arch.head_dim * elt)
 
 
-def lm_head_bytes(engine: Any) -> int:
-    """Bytes the LM head reads per step: its blocks where quantized, else its matrix."""
-    holder = engine.model.lm_head_holder
-    if holder.quant is not None:
-        return int(holder.resident_bytes())
-    weight = holder.weight
-    return int(weight.numel() * weight.element_size())
-
-
 def decode_step(engine: Any, prompt: list[int], new_tokens: int,
                 repeats: int) -> dict[str, float]:
     from plugserve.sampling import SamplingParams
@@ -129,23 +120,32 @@ def step_split(engine: Any, prompt: list[int], new_tokens: int) -> dict[str, flo
     from plugserve.sampling import SamplingParams
 
     model_type = type(engine.model)
-    stack: list[tuple[float, float]] = []
-    head: list[tuple[float, float]] = []
-    forward: list[tuple[float, float]] = []
-    with timed(decode_layer.DecodeStack, "run", lambda t, d: stack.append((t, d))), \
-            timed(model_type, "compute_logits", lambda t, d: head.append((t, d))), \
-            timed(model_type, "forward", lambda t, d: forward.append((t, d))):
+    # (name, start, seconds) as each call ends: a forward's stack and head calls come before it.
+    calls: list[tuple[str, float, float]] = []
+
+    def record(name: str) -> Callable[[float, float], None]:
+        return lambda start, seconds: calls.append((name, start, seconds))
+
+    with timed(decode_layer.DecodeStack, "run", record("stack")), \
+            timed(model_type, "compute_logits", record("head")), \
+            timed(model_type, "forward", record("forward")):
         engine.generate([prompt], SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
-    # The decode steps: the forwards that ran the stack (the first forward is the prefill).
-    steps = [(f, next(d for t, d in stack if f[0] <= t <= f[0] + f[1]),
-              next(d for t, d in head if f[0] <= t <= f[0] + f[1]))
-             for f in forward if any(f[0] <= t <= f[0] + f[1] for t, _ in stack)]
+    # The decode steps: the forwards that ran the stack (the prefill's does not).
+    steps: list[dict[str, float]] = []
+    inside: dict[str, float] = {}
+    for name, start, seconds in calls:
+        if name != "forward":
+            inside[name] = seconds
+            continue
+        if "stack" in inside:
+            steps.append({"start": start, "forward": seconds, **inside})
+        inside = {}
     if len(steps) < 2:
         return None
-    step_s = statistics.median(b[0][0] - a[0][0] for a, b in itertools.pairwise(steps))
-    stack_s = statistics.median(s for _, s, _ in steps)
-    head_s = statistics.median(h for _, _, h in steps)
-    forward_s = statistics.median(f[1] for f, _, _ in steps)
+    step_s = statistics.median(b["start"] - a["start"] for a, b in itertools.pairwise(steps))
+    stack_s = statistics.median(s["stack"] for s in steps)
+    head_s = statistics.median(s["head"] for s in steps)
+    forward_s = statistics.median(s["forward"] for s in steps)
     return {"step_s": step_s, "stack_s": stack_s, "lm_head_s": head_s,
             "forward_rest_s": forward_s - stack_s - head_s, "outside_forward_s": step_s - forward_s}
 
@@ -185,7 +185,7 @@ def main() -> None:
             step_bytes = weights + kv_token * mean_context
             step = decode_step(engine, prompt, args.new_tokens, args.repeats)
             split = step_split(engine, prompt, args.new_tokens) if args.split else None
-            head_bytes = lm_head_bytes(engine)
+            head_bytes = engine.model.lm_head_holder.resident_bytes()
             after = measure_bandwidth(args.bandwidth_mib, bandwidth_repeats)
             bandwidth = max(before, after, key=lambda b: b["read_gb_s"])
             hidden = int(engine.arch.hidden_size)
