@@ -1,5 +1,6 @@
 """`benchmarks/roofline.py --split`: the parts of a decode step it times on the tiny model
-(the checker at level 1 with physical page checks), and the timers gone afterwards."""
+(the checker at level 1 with physical page checks; the normal and the overlap loop), and the
+timers gone afterwards."""
 
 from __future__ import annotations
 
@@ -29,10 +30,12 @@ def load_roofline() -> ModuleType:
 @pytest.mark.skipif(not decode_layer.available(),
                     reason=f"the compiled decode stack is unavailable: "
                            f"{decode_layer.why_unavailable()}")
-def test_split_times_every_part_of_the_decode_steps(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_split_times_every_part_of_the_decode_steps(tiny_model_dir: Path, overlap: bool) -> None:
     roofline = load_roofline()
     originals = (decode_layer.DecodeStack.run, CausalLM.compute_logits, CausalLM.forward)
-    with Engine(model=str(tiny_model_dir), dtype="float32", mem_check=1, check_pages=True) as engine:
+    with Engine(model=str(tiny_model_dir), dtype="float32", mem_check=1, check_pages=True,
+                overlap=overlap) as engine:
         split = roofline.step_split(engine, [5, 6, 7, 8, 9], 12)
         # the LM head's bytes as the script divides them (a leak would have stopped the run)
         head_bytes = engine.model.lm_head_holder.resident_bytes()
