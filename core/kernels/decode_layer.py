@@ -13,7 +13,10 @@ path everywhere `applies` says no):
   is the paged-decode kernel over plain tensors (its `PagedDecodePlan`): the KV store and
   `plugserve.kernels.paged_decode` run inside the same call;
 - `DecodeStack`: a model's layers held once (`LayerWeights`), whose `run` takes a decode
-  step through all of them in one call, each layer's `decode_step` with its plan. Past the
+  step through all of them in one call, each layer's `decode_step` with its plan. Over few
+  rows that call is one OpenMP region (`csrc/team.h`): the kernels' parallel loops go to its
+  waiting threads, which read the next projection's weights ahead while the calling thread
+  runs the serial work between the kernels (`set_team` turns it off). Past the
   few-row kernel it also takes a decode batch whose dense projections the op-by-op path
   multiplies with a batch kernel (`takes_batch`: the bf16 AMX linear, the panel
   GEMM, against their cached packs; `plugserve.kernels.decode_batch`), or whose projections
@@ -56,6 +59,17 @@ def available() -> bool:
 
 def why_unavailable() -> str | None:
     return build.unavailable_reason()
+
+
+def set_team(enabled: bool) -> bool:
+    """Whether a few-row stack call runs in one team (`csrc/team.h`); the previous setting.
+    Off, each kernel opens its own parallel region: the same values, for A/B timing."""
+    return bool(_module().set_team(enabled))
+
+
+def read_ahead_bytes() -> int:
+    """Weight bytes the teams' waiting threads have read ahead since the process started."""
+    return int(_module().team_read_ahead_bytes())
 
 
 def applies(hidden: torch.Tensor, qkv_weight: ProjWeight, cos: torch.Tensor) -> bool:

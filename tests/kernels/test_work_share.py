@@ -2,10 +2,12 @@
 counters (kernels/work_share.h): which thread computes a row changes from call to call, what
 the row is does not. With 2 and 3 threads, each call repeated, the outputs are bit-equal to
 the single-thread output, on every ISA copy this CPU runs (AVX2 and scalar included on an
-AVX-512 machine): row counts not a multiple of a claim, fewer rows than threads, one row."""
+AVX-512 machine): row counts not a multiple of a claim, fewer rows than threads, one row.
+A few-row decode stack call runs its kernels in one team (csrc/team.h): the same bits."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -14,9 +16,10 @@ import torch
 from plugserve.kernels import decode_layer as dl
 from plugserve.kernels import quant_linear as ql
 from plugserve.kernels import skinny_linear as sk
+from plugserve.kernels.paged_decode import PagedDecodePlan
 from plugserve.quant.reference import Activations
-from tests.kernels.test_decode_layer import EPS, _rows
-from tests.kernels.test_decode_layer_quant import K_SHAPE, _layer
+from tests.kernels.test_decode_layer import EPS, SHAPES, _copy, _plan, _rows, _stack
+from tests.kernels.test_decode_layer_quant import K_SHAPE, LAYOUTS, _layer
 from tests.kernels.test_quant_linear import _check, weight
 
 pytestmark = pytest.mark.usefixtures("kernel_isa")  # once per ISA copy (conftest.py)
@@ -98,3 +101,40 @@ def test_quantized_qkv_parts_same_bits_with_any_threads(
         r["hidden"], w.input_norm, EPS, w.qkv, w.qkv_bias, r["cos"], r["sin"],
         w.heads + w.kv_heads, w.head_dim, activations)
     assert torch.equal(qkv, ref)
+
+
+@pytest.mark.parametrize("kind", ["float32", "q4_1", "q4_k_m"])
+def test_stack_in_a_team_same_bits_with_any_threads(restore_threads: None, kind: str) -> None:
+    """A few-row stack call with more than one thread is one team: the kernels' loops go to
+    its waiting threads, which read the next projection's weights ahead in between. Its output
+    equals the single-thread call's and the call with teams off, bit for bit, and the
+    read-ahead ran; an error inside the team (a plan past its slot table) comes out as the
+    kernel's error and the next call runs."""
+    if kind == "float32":
+        shape = SHAPES[1]
+        stack = _stack([shape] * 3, torch.float32, post_eps=EPS)
+    else:
+        shape = LAYOUTS[kind][0]
+        stack = dl.DecodeStack([_layer(kind, seed == 1, torch.float32, seed, "int8")
+                                for seed in range(3)])
+    r = _rows(shape, 1, torch.float32, seed=5)
+    plans = [_plan(shape, 1, torch.float32, window=i == 2) for i in range(3)]
+
+    def run(step_plans: list[PagedDecodePlan] = plans) -> torch.Tensor:
+        return stack.run(r["hidden"], r["cos"], r["sin"], [_copy(p) for p in step_plans])
+
+    before = dl.read_ahead_bytes()
+    out = _same_with_threads(run)
+    assert dl.read_ahead_bytes() > before
+    torch.set_num_threads(2)
+    previous = dl.set_team(False)
+    try:
+        off = dl.read_ahead_bytes()
+        assert torch.equal(run(), out) and dl.read_ahead_bytes() == off
+    finally:
+        dl.set_team(previous)
+    bad = list(plans)
+    bad[1] = dataclasses.replace(plans[1], kv_lens=plans[1].kv_lens + 100)
+    with pytest.raises(RuntimeError, match="exceeds the slot table's width"):
+        run(bad)
+    assert torch.equal(run(), out)

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "paged_decode_passes.h"
+#include "work_share.h"
 
 PLUGSERVE_ISA_BEGIN
 namespace {
@@ -214,7 +215,7 @@ void decode(const PagedDecodeArgs& a) {
   }
   const int64_t total = cost[tasks];
   const int64_t pieces =
-      std::clamp<int64_t>(total / kMinPiece, 1, std::max(at::get_num_threads(), 1));
+      std::clamp<int64_t>(total / kMinPiece, 1, work_share::threads());
   // A row cut by a piece's ends keeps each part's state in a record: at most two per piece
   // (its first row and its last), in piece order, merged once every piece is done.
   const int64_t state_floats = heads * (dim + 2);
@@ -222,7 +223,7 @@ void decode(const PagedDecodeArgs& a) {
   std::vector<int64_t> record_task(2 * pieces, -1);
   auto record = [&](float* base) { return State{base, base + heads, base + 2 * heads}; };
 
-  at::parallel_for(0, pieces, 1, [&](int64_t begin, int64_t end) {
+  work_share::parallel_for(0, pieces, 1, [&](int64_t begin, int64_t end) {
     Scratch w(heads, dim);
     std::vector<float> own(state_floats), acc(dim);
     for (int64_t p = begin; p < end; ++p) {

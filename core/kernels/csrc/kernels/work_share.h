@@ -31,11 +31,16 @@
 // Relaxed ordering suffices: the claims only pick who computes an output row, and the
 // region's join orders the rows' writes before the caller reads them.
 //
+// Inside a decode stack's team (team.h) the threads are the team's: `parallel_for` hands the
+// loop to them as one task instead of opening an OpenMP region.
+//
 // Included inside a kernel source's ISA namespace (like the other headers here): each ISA's
 // copy has its own, which keeps the copies' code apart.
 #pragma once
 
 #include <ATen/Parallel.h>
+
+#include "team.h"
 
 #include <algorithm>
 #include <atomic>
@@ -45,6 +50,39 @@
 
 PLUGSERVE_ISA_BEGIN
 namespace work_share {
+
+// Threads a parallel loop started here runs on: the team's inside one, else ATen's.
+inline int64_t threads() {
+  const team::Team* tm = team::current();
+  return tm != nullptr ? team::size(tm) : std::max(at::get_num_threads(), 1);
+}
+
+// at::parallel_for(begin, end, grain, f), on the calling thread's team where it has one (the
+// same split into one contiguous range per thread as ATen's OpenMP backend).
+template <typename F>
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+  team::Team* tm = team::current();
+  if (tm == nullptr) {
+    at::parallel_for(begin, end, grain, f);
+    return;
+  }
+  if (begin >= end) return;
+  const int64_t n = end - begin;
+  const int64_t count =
+      std::min<int64_t>(team::size(tm), grain > 0 ? (n + grain - 1) / grain : n);
+  if (count <= 1) {
+    f(begin, end);
+    return;
+  }
+  const int64_t chunk = (n + count - 1) / count;
+  const auto task = [&](int thread) {
+    const int64_t first = begin + thread * chunk;
+    if (thread < count && first < end) f(first, std::min(end, first + chunk));
+  };
+  using Task = decltype(task);
+  team::run(tm, [](void* ctx, int thread) { (*static_cast<const Task*>(ctx))(thread); },
+            const_cast<void*>(static_cast<const void*>(&task)));
+}
 
 // Weight bytes per claim: a few rows of a decode-size matrix (one claim per ~µs of stream).
 constexpr int64_t kChunkBytes = 16384;
@@ -98,15 +136,15 @@ template <typename Fn>
 void for_each_chunk(int64_t n, int64_t chunk, const Fn& fn) {
   if (n <= 0) return;
   chunk = std::max<int64_t>(chunk, 1);
-  const int64_t threads =
-      std::min<int64_t>(std::max(at::get_num_threads(), 1), (n + chunk - 1) / chunk);
-  if (threads <= 1 || at::in_parallel_region()) {  // one thread, or too few units to split
+  const int64_t threads = std::min<int64_t>(work_share::threads(), (n + chunk - 1) / chunk);
+  // One thread, too few units to split, or inside a parallel region that is not a team's.
+  if (threads <= 1 || (team::current() == nullptr && at::in_parallel_region())) {
     fn(Run{0, n, n, false});
     return;
   }
   if (n > std::numeric_limits<uint32_t>::max()) {  // more units than a packed end holds
-    at::parallel_for(0, n, chunk,
-                     [&](int64_t begin, int64_t end) { fn(Run{begin, end, end, false}); });
+    parallel_for(0, n, chunk,
+                 [&](int64_t begin, int64_t end) { fn(Run{begin, end, end, false}); });
     return;
   }
   constexpr int64_t kOnStack = 16;  // no allocation per call on small machines
@@ -115,7 +153,7 @@ void for_each_chunk(int64_t n, int64_t chunk, const Fn& fn) {
   Share* shares = threads > kOnStack ? on_heap.data() : on_stack;
   for (int64_t t = 0; t < threads; ++t)
     shares[t].ends.store(pack(n * t / threads, n * (t + 1) / threads), std::memory_order_relaxed);
-  at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
+  parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
     int64_t begin, end, limit, previous_end = -1;
     for (int64_t t = first; t < last; ++t) {  // its own share(s), front to back
       while (claim(shares[t], true, chunk, begin, end, limit)) {

@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "../team.h"
 #include "common.h"
 #include "decode_layer.h"
 
@@ -149,7 +150,8 @@ at::Tensor attention_input_packed(at::Tensor hidden, at::Tensor norm_w, double e
                                   const OptTensor& qkv_b, const at::Tensor& cos,
                                   const at::Tensor& sin, int64_t rotated_heads,
                                   int64_t head_dim, bool int8_activations,
-                                  const at::Tensor& qkv_pack, const Scratch* s = nullptr) {
+                                  const at::Tensor& qkv_pack, const Scratch* s = nullptr,
+                                  const Tensors* read_next = nullptr) {
   check_rows(hidden, "attention_input");
   check_norm(hidden, norm_w, "attention_input");
   const int64_t qkv_outputs = outputs_of(qkv_w);
@@ -174,6 +176,7 @@ at::Tensor attention_input_packed(at::Tensor hidden, at::Tensor norm_w, double e
   auto qkv = linear(normed, qkv_w, qkv_formats, qkv_b, int8_activations,
                     "attention_input (qkv)", qkv_pack,
                     fit(s, &Scratch::qkv, {hidden.size(0), qkv_outputs}));
+  read_ahead(read_next);
   auto qk = qkv.narrow(1, 0, rotated_heads * head_dim).view({qkv.size(0), rotated_heads, head_dim});
   rope_in_place(qk, cos, sin);
   return qkv;
@@ -191,7 +194,7 @@ at::Tensor attention_output_and_mlp_packed(
     at::Tensor residual, at::Tensor norm_w, double eps, const Tensors& gate_up_w,
     const Strings& gate_up_formats, const OptTensor& gate_up_b, const Tensors& down_w,
     const Strings& down_formats, const OptTensor& down_b, bool int8_activations,
-    const LayerPacks& packs, Scratch* s = nullptr) {
+    const LayerPacks& packs, Scratch* s = nullptr, const Tensors* read_next = nullptr) {
   check_rows(attn, "attention_output_and_mlp");
   check_rows(residual, "attention_output_and_mlp (residual)");
   TORCH_CHECK(residual.scalar_type() == attn.scalar_type(),
@@ -204,6 +207,7 @@ at::Tensor attention_output_and_mlp_packed(
   const auto o = linear(attn, o_w, o_formats, o_b, int8_activations,
                         "attention_output_and_mlp (o)", packs.o,
                         fit(s, &Scratch::o, {rows, outputs_of(o_w)}));
+  read_ahead(&gate_up_w);
   TORCH_CHECK(o.sizes() == residual.sizes(), "attention_output_and_mlp: the residual must be ",
               o.sizes(), ", got ", residual.sizes());
   check_norm(o, norm_w, "attention_output_and_mlp");
@@ -220,6 +224,7 @@ at::Tensor attention_output_and_mlp_packed(
   const auto gate_up = linear(mlp_in, gate_up_w, gate_up_formats, gate_up_b, int8_activations,
                               "attention_output_and_mlp (gate_up)", packs.gate_up,
                               fit(s, &Scratch::gate_up, {rows, outputs_of(gate_up_w)}));
+  read_ahead(&down_w);
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "attention_output_and_mlp: gate_up has ",
               gate_up.size(1), " outputs; gate | up needs an even number");
   auto act = fit(s, &Scratch::act, {gate_up.size(0), gate_up.size(1) / 2});
@@ -228,6 +233,7 @@ at::Tensor attention_output_and_mlp_packed(
   const auto mlp = linear(act, down_w, down_formats, down_b, int8_activations,
                           "attention_output_and_mlp (down)", packs.down,
                           fit(s, &Scratch::mlp, {rows, width}));
+  read_ahead(read_next);
   add_in_place(hidden, mlp);  // the sum rounded to T once, as `hidden + mlp` does
   return hidden;
 }
@@ -246,6 +252,20 @@ at::Tensor attention_output_and_mlp(at::Tensor attn, Tensors o_w, Strings o_form
 }  // namespace
 
 namespace decode {
+
+// Inside a stack call's team (team.h): its waiting threads read `w` (the next projection's
+// weight parts) ahead while this thread runs the serial work before that projection.
+void read_ahead(const Tensors* w) {
+  team::Team* tm = team::current();
+  if (tm == nullptr || w == nullptr) return;
+  team::Range ranges[team::kMaxRanges];
+  int count = 0;
+  for (const auto& part : *w) {
+    if (count == team::kMaxRanges || !part.is_contiguous()) break;
+    ranges[count++] = team::Range{part.const_data_ptr(), static_cast<int64_t>(part.nbytes())};
+  }
+  team::prefetch(tm, ranges, count);
+}
 
 int64_t outputs_of(const Tensors& w) {
   int64_t outputs = 0;
@@ -267,7 +287,8 @@ at::Tensor decode_step_packed(
     const Strings& o_formats, const OptTensor& o_b, const at::Tensor& post_norm_w,
     double post_eps, const Tensors& gate_up_w, const Strings& gate_up_formats,
     const OptTensor& gate_up_b, const Tensors& down_w, const Strings& down_formats,
-    const OptTensor& down_b, bool int8_activations, const LayerPacks& packs, Scratch* s) {
+    const OptTensor& down_b, bool int8_activations, const LayerPacks& packs, Scratch* s,
+    const Tensors* next_qkv_w) {
   const int64_t rows = hidden.size(0);
   for (const auto* buffer : {&k_buffer, &v_buffer}) {
     const auto dtype = buffer->scalar_type();
@@ -283,7 +304,7 @@ at::Tensor decode_step_packed(
               " of ", store_slots.scalar_type(), " for ", rows, " rows");
   const auto qkv = attention_input_packed(hidden, input_norm_w, input_eps, qkv_w, qkv_formats,
                                           qkv_b, cos, sin, heads + kv_heads, head_dim,
-                                          int8_activations, packs.qkv, s);
+                                          int8_activations, packs.qkv, s, &o_w);
   const int64_t q_width = heads * head_dim, kv_width = kv_heads * head_dim;
   TORCH_CHECK(qkv.size(1) == q_width + 2 * kv_width, "decode_step: the qkv projection has ",
               qkv.size(1), " outputs, not ", q_width + 2 * kv_width, " for ", heads, " + 2 x ",
@@ -299,7 +320,7 @@ at::Tensor decode_step_packed(
   return attention_output_and_mlp_packed(attn.view({rows, q_width}), o_w, o_formats, o_b,
                                          hidden, post_norm_w, post_eps, gate_up_w,
                                          gate_up_formats, gate_up_b, down_w, down_formats,
-                                         down_b, int8_activations, packs, s);
+                                         down_b, int8_activations, packs, s, next_qkv_w);
 }
 
 }  // namespace decode

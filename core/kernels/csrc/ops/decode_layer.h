@@ -50,10 +50,16 @@ struct Scratch {
 // The outputs of a projection held as one dense tensor or as stacked quantized parts.
 int64_t outputs_of(const Tensors& w);
 
+// Inside a stack call's team (team.h): its waiting threads read `w` (the next projection's
+// weight parts; null: nothing) ahead while this thread runs the serial work before it.
+void read_ahead(const Tensors* w);
+
 // One Llama-form layer of a decode step whose attention is the paged-decode kernel: the
 // attention input, the new k and v rows stored at store_slots, paged_decode over the slots,
 // then the attention output and the MLP (ops/decode_layer.cpp). `packs` (batch rows) or
-// `s` (few rows, reused buffers) may be empty / null.
+// `s` (few rows, reused buffers) may be empty / null. Inside a team (team.h) each projection
+// asks the waiting threads to read the next one's weights ahead, the last one the next
+// layer's `next_qkv_w` (null: none).
 at::Tensor decode_step_packed(
     at::Tensor hidden, const at::Tensor& input_norm_w, double input_eps, const Tensors& qkv_w,
     const Strings& qkv_formats, const OptTensor& qkv_b, const at::Tensor& cos,
@@ -63,7 +69,8 @@ at::Tensor decode_step_packed(
     const Strings& o_formats, const OptTensor& o_b, const at::Tensor& post_norm_w,
     double post_eps, const Tensors& gate_up_w, const Strings& gate_up_formats,
     const OptTensor& gate_up_b, const Tensors& down_w, const Strings& down_formats,
-    const OptTensor& down_b, bool int8_activations, const LayerPacks& packs, Scratch* s);
+    const OptTensor& down_b, bool int8_activations, const LayerPacks& packs, Scratch* s,
+    const Tensors* next_qkv_w = nullptr);
 
 }  // namespace plugserve::ops::decode
 
@@ -72,6 +79,7 @@ namespace plugserve::ops {
 using decode::LayerPacks;
 using decode::OptTensor;
 using decode::outputs_of;
+using decode::read_ahead;
 using decode::Scratch;
 using decode::Strings;
 using decode::Tensors;

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "../team.h"
 #include "decode_layer.h"
 
 namespace plugserve::ops {
@@ -89,6 +90,26 @@ struct DecodeStack : torch::CustomClassHolder {
                                      outputs_of(gate_up_w[0]));
   }
 
+  // body(scratch) over few rows inside a team (team.h: one OpenMP region for the call, the
+  // waiting threads reading the next weights ahead), with the layer-0 qkv weights asked for
+  // first; batch rows run as they are (their kernels open regions of their own).
+  template <typename Body>
+  at::Tensor in_team(const at::Tensor& hidden, bool batch, const Body& body) const {
+    auto scratch = few_rows_scratch(hidden, batch);
+    if (scratch == nullptr) return body(nullptr);
+    at::Tensor out;
+    team::with_team([&] {
+      if (!qkv_w.empty()) read_ahead(&qkv_w[0]);
+      out = body(scratch.get());
+    });
+    return out;
+  }
+
+  // The next layer's qkv weights (for the read-ahead), or null after the last layer.
+  const Tensors* next_qkv(size_t layer) const {
+    return layer + 1 < qkv_w.size() ? &qkv_w[layer + 1] : nullptr;
+  }
+
   // Every layer's batch packs (one tensor per layer and projection), or none (empty lists).
   void set_packs(Tensors qkv, Tensors o, Tensors gate_up, Tensors down) {
     const size_t n = input_norm_w.size(), given = qkv.size();
@@ -133,16 +154,18 @@ struct DecodeStack : torch::CustomClassHolder {
     TORCH_CHECK(kv_k.size() == n, "DecodeStack.run_shared: the KV buffers of the ", n,
                 " layers are needed first (set_kv), the stack holds ", kv_k.size());
     check_batch(batch, "DecodeStack.run_shared");
-    auto scratch = few_rows_scratch(hidden, batch);
-    for (size_t i = 0; i < n; ++i) {
-      hidden = decode_step_packed(
-          hidden, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i], cos, sin,
-          heads[i], kv_heads[i], head_dim[i], kv_k[i], kv_v[i], store_slots, slots, first_key,
-          kv_lens, kv_scales[i], o_w[i], o_f[i], o_b[i], post_norm_w[i], post_eps[i],
-          gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i], down_f[i], down_b[i],
-          int8_activations[i] != 0, packs_of(i, batch), scratch.get());
-    }
-    return hidden;
+    return in_team(hidden, batch, [&](Scratch* scratch) {
+      at::Tensor h = hidden;
+      for (size_t i = 0; i < n; ++i) {
+        h = decode_step_packed(
+            h, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i], cos, sin, heads[i],
+            kv_heads[i], head_dim[i], kv_k[i], kv_v[i], store_slots, slots, first_key,
+            kv_lens, kv_scales[i], o_w[i], o_f[i], o_b[i], post_norm_w[i], post_eps[i],
+            gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i], down_f[i], down_b[i],
+            int8_activations[i] != 0, packs_of(i, batch), scratch, next_qkv(i));
+      }
+      return h;
+    });
   }
 
   // hidden through every layer's decode_step; cos / sin are every layer's rope angles, and
@@ -160,24 +183,31 @@ struct DecodeStack : torch::CustomClassHolder {
                   " layers), got ", size);
     }
     check_batch(batch, "DecodeStack.run");
-    auto scratch = few_rows_scratch(hidden, batch);
-    for (size_t i = 0; i < n; ++i) {
-      hidden = decode_step_packed(
-          hidden, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i], cos, sin,
-          heads[i], kv_heads[i], head_dim[i], k_buffers[i], v_buffers[i], store_slots[i],
-          slots[i], first_key[i], kv_lens[i], scales[i], o_w[i], o_f[i], o_b[i],
-          post_norm_w[i], post_eps[i], gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i],
-          down_f[i], down_b[i], int8_activations[i] != 0, packs_of(i, batch),
-          scratch.get());
-    }
-    return hidden;
+    return in_team(hidden, batch, [&](Scratch* scratch) {
+      at::Tensor h = hidden;
+      for (size_t i = 0; i < n; ++i) {
+        h = decode_step_packed(
+            h, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i], cos, sin, heads[i],
+            kv_heads[i], head_dim[i], k_buffers[i], v_buffers[i], store_slots[i], slots[i],
+            first_key[i], kv_lens[i], scales[i], o_w[i], o_f[i], o_b[i], post_norm_w[i],
+            post_eps[i], gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i], down_f[i],
+            down_b[i], int8_activations[i] != 0, packs_of(i, batch), scratch, next_qkv(i));
+      }
+      return h;
+    });
   }
 };
+
+bool set_team(bool enabled) { return team::set_enabled(enabled); }
+
+int64_t team_read_ahead_bytes() { return team::prefetched_bytes(); }
 
 }  // namespace
 }  // namespace plugserve::ops
 
 TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
+  m.def("set_team(bool enabled) -> bool", &plugserve::ops::set_team);
+  m.def("team_read_ahead_bytes() -> int", &plugserve::ops::team_read_ahead_bytes);
   using plugserve::ops::DecodeStack;
   using Tensors = std::vector<at::Tensor>;
   using OptTensors = std::vector<std::optional<at::Tensor>>;
