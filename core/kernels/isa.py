@@ -10,6 +10,8 @@ can run. On x86-64 the ladder is
                   vectorises for SSE2)
     avx2          AVX2 + FMA + F16C (Haswell, Zen 1 and later)
     avx512        AVX-512 F/BW/DQ/VL (Skylake-SP, Zen 4 and later)
+    avx512_vnni   AVX-512 + AVX512-VNNI (int8 dot products in one instruction: Cascade Lake,
+                  Ice Lake-SP); only where avx512_bf16 does not run, which has VNNI too
     avx512_bf16   AVX-512 + AVX512-BF16 (bf16 pair dot products) + AVX512-VNNI (int8 dot
                   products), which every CPU with AVX512-BF16 has (Cooper Lake, Zen 4)
 
@@ -94,6 +96,14 @@ _X86 = (
         frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"}),
     ),
     Isa(
+        "avx512_vnni",
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
+         "-mavx512vnni"),
+        "AVX512_VNNI", ("AVX512",),
+        frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c",
+                   "avx512_vnni"}),
+    ),
+    Isa(
         "avx512_bf16",
         ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
          "-mavx512bf16", "-mavx512vnni"),
@@ -163,7 +173,10 @@ def ladder() -> tuple[Isa, ...]:
     else:
         return (_X86[0],)
     flags = _cpu_flags()
-    return tuple(isa for isa in candidates if isa.needs <= flags)
+    runs = tuple(isa for isa in candidates if isa.needs <= flags)
+    if any(isa.name == "avx512_bf16" for isa in runs):  # a superset: one build less
+        runs = tuple(isa for isa in runs if isa.name != "avx512_vnni")
+    return runs
 
 
 def by_name(name: str) -> Isa:

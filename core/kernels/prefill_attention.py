@@ -25,7 +25,7 @@ AMX_HEAD_DIM_MULTIPLE = 32  # the AMX kernel's head_dim: whole 32-value tile row
 
 # The ISA copies whose vector code beats SDPA (the scalar one runs ATen's generic vectors,
 # correct but slower than SDPA).
-VECTOR_ISAS = frozenset({"avx2", "avx512", "avx512_bf16", "neon", "sve256"})
+VECTOR_ISAS = frozenset({"avx2", "avx512", "avx512_vnni", "avx512_bf16", "neon", "sve256"})
 
 
 def available() -> bool:
@@ -38,8 +38,8 @@ def why_unavailable() -> str | None:
 
 
 def isa() -> str:
-    """The vector code the kernel runs: the ISA copy in use ("avx512_bf16", "avx512",
-    "avx2", "neon", "sve256"), or "none" for the scalar copy. For head_dim % 16 == 0 the
+    """The vector code the kernel runs: the ISA copy in use ("avx512_bf16", "avx512_vnni",
+    "avx512", "avx2", "neon", "sve256"), or "none" for the scalar copy. For head_dim % 16 == 0 the
     vector copies are 1.8-3x faster than SDPA on a 2-core Zen 4; with "none" (or another
     head_dim) the kernel runs plain loops, correct but slower than SDPA, so a caller should
     keep SDPA there. (Where `amx_applies`, bf16 runs the AMX kernel instead.)"""

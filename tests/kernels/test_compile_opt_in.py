@@ -1,6 +1,7 @@
 """Flags kernel sources of one ISA copy opt into (`isa.OptIn`: the AMX kernels of the
 avx512_bf16 copy) reach those sources only, and only where a probe compile shows the compiler
-takes them; a toolchain without them builds every copy without (the source's stub)."""
+takes them; a toolchain without them builds every copy without (the source's stub). Which
+copies a CPU's features build (the ladder)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,23 @@ def test_the_probe_answer_is_kept_for_later_starts(
     next(tmp_path.glob("*.accepts")).write_text("no\n")
     monkeypatch.setattr(compile_mod, "_accepts", {})
     assert not compile_mod.compiler_accepts(flags, probe, tmp_path)
+
+
+_AVX512 = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
+
+
+@pytest.mark.parametrize("flags,names", [
+    (_AVX512, ["scalar", "avx2", "avx512"]),  # Skylake-SP
+    (_AVX512 | {"avx512_vnni"}, ["scalar", "avx2", "avx512", "avx512_vnni"]),  # Cascade Lake
+    # AVX512-BF16 comes with VNNI: its copy has both, the vnni one is not built
+    (_AVX512 | {"avx512_vnni", "avx512_bf16"}, ["scalar", "avx2", "avx512", "avx512_bf16"]),
+    ({"avx2", "fma", "f16c"}, ["scalar", "avx2"]),
+])
+def test_the_ladder_builds_the_vnni_copy_only_without_bf16(
+    monkeypatch: pytest.MonkeyPatch, flags: set[str], names: list[str]
+) -> None:
+    monkeypatch.setattr(isa_mod.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(isa_mod, "_cpu_flags", lambda: frozenset(flags))
+    assert [isa.name for isa in isa_mod.ladder.__wrapped__()] == names
+    vnni = isa_mod.by_name("avx512_vnni")
+    assert "-mavx512vnni" in vnni.flags and "-DCPU_CAPABILITY=AVX512_VNNI" in vnni.macros

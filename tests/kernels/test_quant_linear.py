@@ -97,7 +97,8 @@ def _check(out: torch.Tensor, x: torch.Tensor, w: QuantBlocks, b: torch.Tensor |
 
 
 def _cols(name: str) -> list[int]:
-    return [256, 768] if name in K_QUANTS else [32, 96, 576]
+    # the small formats: one block, three, 17 (a pair loop's odd end), 18, 48
+    return [256, 768] if name in K_QUANTS else [32, 96, 544, 576, 1536]
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -116,7 +117,7 @@ def test_few_rows_matches_reference(name: str, activations: Activations,
                                     dtype: torch.dtype) -> None:
     # x rows: one, odd, the default limit, past a 16-row pass; weight rows: one, odd (one
     # x row: four weight rows at a time and a remainder), more than a thread's grain;
-    # columns: one block, a partial 256-chunk, SmolLM2's width.
+    # columns: one block, a partial 256-chunk, SmolLM2's widths.
     for rows, out, bias in [(1, 1, False), (1, 301, True), (3, 37, True), (8, 7, False),
                             (17, 300, True)]:
         for cols in _cols(name):

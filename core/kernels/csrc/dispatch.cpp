@@ -26,6 +26,11 @@ constexpr KernelTable kAvx2{"avx2", false, PLUGSERVE_KERNELS(PLUGSERVE_E)};
 constexpr KernelTable kAvx512{"avx512", false, PLUGSERVE_KERNELS(PLUGSERVE_E)};
 #undef PLUGSERVE_E
 #endif
+#if defined(PLUGSERVE_BUILT_avx512_vnni)
+#define PLUGSERVE_E(ret, name, params) PLUGSERVE_ENTRY(avx512_vnni, ret, name, params)
+constexpr KernelTable kAvx512Vnni{"avx512_vnni", false, PLUGSERVE_KERNELS(PLUGSERVE_E)};
+#undef PLUGSERVE_E
+#endif
 #if defined(PLUGSERVE_BUILT_avx512_bf16)
 #define PLUGSERVE_E(ret, name, params) PLUGSERVE_ENTRY(avx512_bf16, ret, name, params)
 constexpr KernelTable kAvx512Bf16{"avx512_bf16", true, PLUGSERVE_KERNELS(PLUGSERVE_E)};
@@ -53,6 +58,9 @@ constexpr const KernelTable* kBuilt[] = {
 #if defined(PLUGSERVE_BUILT_avx512)
     &kAvx512,
 #endif
+#if defined(PLUGSERVE_BUILT_avx512_vnni)
+    &kAvx512Vnni,
+#endif
 #if defined(PLUGSERVE_BUILT_avx512_bf16)
     &kAvx512Bf16,
 #endif
@@ -75,6 +83,7 @@ bool cpu_runs(const std::string& isa) {
                       __builtin_cpu_supports("avx512dq");
   if (isa == "avx2") return avx2;
   if (isa == "avx512") return avx512;
+  if (isa == "avx512_vnni") return avx512 && __builtin_cpu_supports("avx512vnni");
   if (isa == "avx512_bf16") {
     return avx512 && __builtin_cpu_supports("avx512bf16") &&
            __builtin_cpu_supports("avx512vnni");
