@@ -11,7 +11,8 @@ can run. On x86-64 the ladder is
     avx2          AVX2 + FMA + F16C (Haswell, Zen 1 and later)
     avx512        AVX-512 F/BW/DQ/VL (Skylake-SP, Zen 4 and later)
     avx512_vnni   AVX-512 + AVX512-VNNI (int8 dot products in one instruction: Cascade Lake,
-                  Ice Lake-SP); only where avx512_bf16 does not run, which has VNNI too
+                  Ice Lake-SP); only where avx512_bf16 does not run, which has VNNI too, and
+                  instead of avx512 (the same code but the int8 dot product)
     avx512_bf16   AVX-512 + AVX512-BF16 (bf16 pair dot products) + AVX512-VNNI (int8 dot
                   products), which every CPU with AVX512-BF16 has (Cooper Lake, Zen 4)
 
@@ -174,9 +175,14 @@ def ladder() -> tuple[Isa, ...]:
         return (_X86[0],)
     flags = _cpu_flags()
     runs = tuple(isa for isa in candidates if isa.needs <= flags)
-    if any(isa.name == "avx512_bf16" for isa in runs):  # a superset: one build less
-        runs = tuple(isa for isa in runs if isa.name != "avx512_vnni")
-    return runs
+    names = {isa.name for isa in runs}
+    # One build less each (a first start compiles every copy): avx512_bf16 has VNNI too; and
+    # avx512_vnni is avx512 with the int8 dot product, so the plain copy is left to CPUs
+    # without VNNI, except beside avx512_bf16, where it runs bf16 without native bf16.
+    skip = {"avx512_vnni"} if "avx512_bf16" in names else set()
+    if "avx512_vnni" in names and "avx512_bf16" not in names:
+        skip.add("avx512")
+    return tuple(isa for isa in runs if isa.name not in skip)
 
 
 def by_name(name: str) -> Isa:

@@ -1,8 +1,8 @@
 """The kernel tests run on every ISA copy of the CPU kernels this machine can run.
 
 A module opts in with `pytestmark = pytest.mark.usefixtures("kernel_isa")`: each of its tests
-then runs once per copy (scalar, avx2, avx512 and avx512_vnni or avx512_bf16 on a CPU with
-them), so an AVX-512 machine also tests the AVX2 and scalar code against the references. The fixture
+then runs once per copy (scalar, avx2, and avx512_vnni or avx512 and avx512_bf16 on a CPU
+with them), so an AVX-512 machine also tests the AVX2 and scalar code against the references. The fixture
 checks that the library really switched to that copy.
 """
 
