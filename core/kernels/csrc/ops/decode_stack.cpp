@@ -90,17 +90,38 @@ struct DecodeStack : torch::CustomClassHolder {
                                      outputs_of(gate_up_w[0]));
   }
 
-  // body(scratch) over few rows inside a team (team.h: one OpenMP region for the call, the
-  // waiting threads reading the next weights ahead), with the layer-0 qkv weights asked for
-  // first; batch rows run as they are (their kernels open regions of their own).
-  template <typename Body>
-  at::Tensor in_team(const at::Tensor& hidden, bool batch, const Body& body) const {
+  // One layer's attention operands for `run_layers` (what its PagedDecodePlan holds).
+  struct Attention {
+    const at::Tensor &k, &v, &store_slots, &slots, &first_key, &kv_lens;
+    double scale;
+  };
+
+  // hidden through every layer's decode_step, layer i's attention being attention(i). Over
+  // few rows the call is one team (team.h: one OpenMP region, the waiting threads reading the
+  // next weights ahead, layer 0's qkv asked for first); batch rows run as they are (their
+  // kernels open regions of their own).
+  template <typename AttentionOf>
+  at::Tensor run_layers(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                        bool batch, const AttentionOf& attention) const {
+    auto layers = [&](Scratch* scratch) {
+      at::Tensor h = hidden;
+      for (size_t i = 0; i < input_norm_w.size(); ++i) {
+        const Attention a = attention(i);
+        h = decode_step_packed(
+            h, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i], cos, sin, heads[i],
+            kv_heads[i], head_dim[i], a.k, a.v, a.store_slots, a.slots, a.first_key,
+            a.kv_lens, a.scale, o_w[i], o_f[i], o_b[i], post_norm_w[i], post_eps[i],
+            gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i], down_f[i], down_b[i],
+            int8_activations[i] != 0, packs_of(i, batch), scratch, next_qkv(i));
+      }
+      return h;
+    };
     auto scratch = few_rows_scratch(hidden, batch);
-    if (scratch == nullptr) return body(nullptr);
+    if (scratch == nullptr) return layers(nullptr);
     at::Tensor out;
     team::with_team([&] {
       if (!qkv_w.empty()) read_ahead(&qkv_w[0]);
-      out = body(scratch.get());
+      out = layers(scratch.get());
     });
     return out;
   }
@@ -154,17 +175,8 @@ struct DecodeStack : torch::CustomClassHolder {
     TORCH_CHECK(kv_k.size() == n, "DecodeStack.run_shared: the KV buffers of the ", n,
                 " layers are needed first (set_kv), the stack holds ", kv_k.size());
     check_batch(batch, "DecodeStack.run_shared");
-    return in_team(hidden, batch, [&](Scratch* scratch) {
-      at::Tensor h = hidden;
-      for (size_t i = 0; i < n; ++i) {
-        h = decode_step_packed(
-            h, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i], cos, sin, heads[i],
-            kv_heads[i], head_dim[i], kv_k[i], kv_v[i], store_slots, slots, first_key,
-            kv_lens, kv_scales[i], o_w[i], o_f[i], o_b[i], post_norm_w[i], post_eps[i],
-            gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i], down_f[i], down_b[i],
-            int8_activations[i] != 0, packs_of(i, batch), scratch, next_qkv(i));
-      }
-      return h;
+    return run_layers(hidden, cos, sin, batch, [&](size_t i) {
+      return Attention{kv_k[i], kv_v[i], store_slots, slots, first_key, kv_lens, kv_scales[i]};
     });
   }
 
@@ -183,17 +195,9 @@ struct DecodeStack : torch::CustomClassHolder {
                   " layers), got ", size);
     }
     check_batch(batch, "DecodeStack.run");
-    return in_team(hidden, batch, [&](Scratch* scratch) {
-      at::Tensor h = hidden;
-      for (size_t i = 0; i < n; ++i) {
-        h = decode_step_packed(
-            h, input_norm_w[i], input_eps[i], qkv_w[i], qkv_f[i], qkv_b[i], cos, sin, heads[i],
-            kv_heads[i], head_dim[i], k_buffers[i], v_buffers[i], store_slots[i], slots[i],
-            first_key[i], kv_lens[i], scales[i], o_w[i], o_f[i], o_b[i], post_norm_w[i],
-            post_eps[i], gate_up_w[i], gate_up_f[i], gate_up_b[i], down_w[i], down_f[i],
-            down_b[i], int8_activations[i] != 0, packs_of(i, batch), scratch, next_qkv(i));
-      }
-      return h;
+    return run_layers(hidden, cos, sin, batch, [&](size_t i) {
+      return Attention{k_buffers[i], v_buffers[i], store_slots[i], slots[i], first_key[i],
+                       kv_lens[i], scales[i]};
     });
   }
 };
