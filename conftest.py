@@ -14,6 +14,11 @@ import torch
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
+# The kernel tests run every ISA copy of the CPU kernels this machine has (a start outside the
+# tests builds only the copy it runs): every process of a test session, engines and servers
+# started by the tests included, loads the library of all copies (one build for the session).
+os.environ["PLUGSERVE_CPU_ISAS"] = "all"
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _torch_one_thread() -> Iterator[None]:

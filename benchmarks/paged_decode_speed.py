@@ -20,7 +20,7 @@ lays each row's keys in one run of slots (the layout large pages would give).
 from __future__ import annotations
 
 import argparse
-import contextlib
+import os
 
 import torch
 
@@ -93,22 +93,22 @@ def main() -> None:
     parser.add_argument("--contiguous", action="store_true",
                         help="each row's keys in one run of slots (as with large pages)")
     args = parser.parse_args()
+    if args.isa:  # the library then holds only that copy
+        os.environ[isa_mod.ENV_ISA] = args.isa
     if not pd.available():
         raise SystemExit(f"paged_decode kernel unavailable: {pd.why_unavailable()}")
-    forced = isa_mod.use_isa(args.isa) if args.isa else contextlib.nullcontext()
-    with forced:
-        from plugserve.kernels import build
+    from plugserve.kernels import build
 
-        library = build.library()
-        isa = library.isa() if library is not None else "?"
-        print(f"paged_decode: {HEADS} heads, {KV_HEADS} kv heads, head_dim {DIM}; ISA {isa}; "
-              f"{torch.get_num_threads()} threads; {args.layers} layers")
-        print(f"{'batch':>11} {'dtype':>9} {'us/call':>9} {'GB/s':>7}")
-        for spec in args.batches.split(","):
-            for name in args.dtypes.split(","):
-                us, gbs = time_batch(batch_lens(spec), DTYPES[name], args.layers, args.repeats,
-                                     args.contiguous)
-                print(f"{spec:>11} {name:>9} {us:>9.1f} {gbs:>7.1f}")
+    library = build.library()
+    isa = library.isa() if library is not None else "?"
+    print(f"paged_decode: {HEADS} heads, {KV_HEADS} kv heads, head_dim {DIM}; ISA {isa}; "
+          f"{torch.get_num_threads()} threads; {args.layers} layers")
+    print(f"{'batch':>11} {'dtype':>9} {'us/call':>9} {'GB/s':>7}")
+    for spec in args.batches.split(","):
+        for name in args.dtypes.split(","):
+            us, gbs = time_batch(batch_lens(spec), DTYPES[name], args.layers, args.repeats,
+                                 args.contiguous)
+            print(f"{spec:>11} {name:>9} {us:>9.1f} {gbs:>7.1f}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The CPU kernels as one library: built on first use, loaded once per process.
 
 The C++ in `csrc/` is compiled into one shared library (`plugserve.kernels.compile`): the ops
-and the dispatch once, every kernel source once per instruction set this CPU runs
-(`plugserve.kernels.isa`). The library picks the best of those copies when it loads, or the
-one `PLUGSERVE_CPU_ISA` names. It is cached under `$TORCH_EXTENSIONS_DIR/plugserve_cpu/<key>`
+and the dispatch once, every kernel source once per instruction set copy it holds
+(`plugserve.kernels.isa.to_build`): the copy this start runs (the best this CPU has, or the
+one `PLUGSERVE_CPU_ISA` names), or with `PLUGSERVE_CPU_ISAS=all` every copy this CPU runs
+(the tests switch between them). It is cached under `$TORCH_EXTENSIONS_DIR/plugserve_cpu/<key>`
 (default `~/.cache/torch_extensions`), the key a digest of the sources, flags, compiler and
 torch, so later starts load it in a fraction of a second.
 
@@ -66,6 +67,11 @@ class Library:
     def set_isa(self, name: str) -> None:
         """Run the copy called `name` from now on (refused, with the list, if not here)."""
         isa_mod.check_runnable(name)
+        if name not in self.built:
+            raise ValueError(
+                f"the CPU kernels of this process hold only the {', '.join(self.built)} copy; "
+                f"to switch to {name}, start with {isa_mod.ENV_ISAS}=all (every copy this CPU "
+                f"runs is built) or {isa_mod.ENV_ISA}={name}")
         self.ops.set_isa(name)
         self.current = name
         self.generation += 1
@@ -134,7 +140,10 @@ def _load(status: BuildStatus | None) -> tuple[Library | None, str | None]:
             isa_mod.check_runnable(requested)
         except ValueError as exc:
             return None, f"{isa_mod.ENV_ISA}={requested}: {exc}"
-    isas = isa_mod.ladder()
+    try:
+        isas = isa_mod.to_build()
+    except ValueError as exc:
+        return None, str(exc)
     spec = compile_mod.LibrarySpec(CSRC, isas, cache_root())
     key, _ = compile_mod.library_key(spec)
     if status is None and not compile_mod.library_path(spec, key).exists():

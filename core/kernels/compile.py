@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from plugserve.kernels.status import BuildStatus
 
 LIBRARY = "plugserve_cpu"
+DISPATCH_SOURCE = "dispatch.cpp"  # the one source that sees which copies are built
 # Waiting on another process's build: bounded, but long enough for a slow first build.
 LOCK_WAIT_S = 1800.0
 
@@ -86,13 +87,15 @@ def _common_flags(spec: LibrarySpec) -> list[str]:
     # venv) gives the same flags, hence the same cache key and no second build.
     for path in cpp_extension.include_paths():
         flags += ["-isystem", os.path.realpath(path)]
-    # The dispatch tables (csrc/dispatch.cpp) list the ISA copies this library holds.
-    flags += [f"-DPLUGSERVE_BUILT_{isa.name}" for isa in spec.isas]
     return flags
 
 
 def job_flags(spec: LibrarySpec, job: Job) -> list[str]:
     flags = _common_flags(spec)
+    if job.source.name == DISPATCH_SOURCE:
+        # The dispatch tables list the ISA copies this library holds; no other object
+        # depends on that list, so a library of more copies reuses the others' objects.
+        flags += [f"-DPLUGSERVE_BUILT_{isa.name}" for isa in spec.isas]
     if job.isa is not None:
         flags += [*job.isa.flags, *job.isa.macros]
         for opt in job.isa.opt_ins:

@@ -21,8 +21,12 @@ A copy may compile some of its sources with more flags (`OptIn`: the avx512_bf16
 kernels, `csrc/kernels/quant_amx.cpp`, `dense_amx.cpp` and `prefill_attention_amx.cpp`) where the compiler takes them;
 the source then sees the opt-in's macro and checks the CPU at run time itself (elsewhere it
 compiles a stub).
-`ladder()` lists the ones this machine can run, lowest first; only those are compiled
-(a machine with fewer features builds its own copy, under another cache key).
+`ladder()` lists the ones this machine can run, lowest first. A start compiles only the copy
+it runs (`to_build()`: the best, or `PLUGSERVE_CPU_ISA`'s), so a first start compiles one
+copy of the kernels instead of every one; `PLUGSERVE_CPU_ISAS=all` (the test sessions, and
+benchmarks that switch copies) builds every copy of the ladder into the library, reusing the
+objects a one-copy build compiled. Each set of copies is its own library in the cache (its
+own key); the kernel objects are shared between them.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENV_ISA = "PLUGSERVE_CPU_ISA"
+ENV_ISAS = "PLUGSERVE_CPU_ISAS"
+COPIES = ("one", "all")  # what PLUGSERVE_CPU_ISAS may say (default: one)
 
 
 @dataclass(frozen=True)
@@ -196,6 +202,27 @@ def requested() -> str | None:
     """The ISA `PLUGSERVE_CPU_ISA` asks for (None: the best this CPU has)."""
     value = os.environ.get(ENV_ISA, "").strip().lower()
     return value or None
+
+
+def copies() -> str:
+    """What `PLUGSERVE_CPU_ISAS` asks for: "one" (the default) or "all"; anything else is a
+    ValueError naming the value and what is allowed."""
+    value = os.environ.get(ENV_ISAS, "").strip().lower() or "one"
+    if value not in COPIES:
+        raise ValueError(f"{ENV_ISAS}={value!r} is not one of: {', '.join(COPIES)} (one: the "
+                         "copy that runs; all: every copy this CPU runs, to switch between them)")
+    return value
+
+
+def to_build() -> tuple[Isa, ...]:
+    """The copies to compile into the library, lowest first: every copy of `ladder()` under
+    `PLUGSERVE_CPU_ISAS=all`, else only the one that runs (`PLUGSERVE_CPU_ISA`'s, which must
+    be runnable here, or the best)."""
+    runnable = ladder()
+    if copies() == "all":
+        return runnable
+    name = requested()
+    return (check_runnable(name),) if name is not None else (runnable[-1],)
 
 
 def check_runnable(name: str) -> Isa:
