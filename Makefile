@@ -8,7 +8,8 @@ PROMPT ?= What is the capital of France? Answer in one sentence.
 setup:
 	@PLUGSERVE_VENV=$(VENV) ./scripts/setup.sh
 
-run: setup
+run:
+	@PLUGSERVE_VENV=$(VENV) PLUGSERVE_SETUP=run ./scripts/setup.sh
 	$(VENV)/bin/plugserve generate --chat "$(PROMPT)"
 
 # The per-plugin test matrix (noxfile.py): the core's tests, each plugin's tests with only the

