@@ -49,9 +49,9 @@ stop_kernels() { if [ -n "$kernels_pid" ]; then kill -- "-$kernels_pid" 2>/dev/n
 trap stop_kernels EXIT
 if [ "${PLUGSERVE_CPU_KERNELS:-1}" != 0 ]; then
     python -m pip install --quiet --no-deps -e .
-    copies=one
-    [ "$LEVEL" = all ] && copies=all
-    say "compiling the CPU kernels ($copies ISA copy set) while pip installs the rest"
+    copies=one what="the copy for this CPU's best instruction set"
+    [ "$LEVEL" = all ] && copies=all what="a copy for each instruction set this CPU runs"
+    say "compiling the CPU kernels ($what) while pip installs the rest"
     own_group=(setsid --wait)
     command -v setsid > /dev/null || own_group=()
     PLUGSERVE_CPU_ISAS=$copies "${own_group[@]}" python -m plugserve.kernels &
