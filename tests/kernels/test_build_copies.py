@@ -115,3 +115,20 @@ def test_a_one_copy_library_reuses_the_objects_and_refuses_other_copies() -> Non
     assert result["compiled"] in ([], ["dispatch"])  # [] where an earlier run linked it
     assert result["refused"] is not None
     assert "PLUGSERVE_CPU_ISAS=all" in result["refused"] and best in result["refused"]
+
+
+def test_the_module_entry_point_builds_or_says_why_not() -> None:
+    """`python -m plugserve.kernels` (what setup runs in the background) finds the library
+    of this session built and names its copies; with the kernels switched off it exits 1
+    with the reason."""
+    if build.library() is None:
+        pytest.skip(f"the CPU kernels are unavailable: {build.unavailable_reason()}")
+    cmd = [sys.executable, "-m", "plugserve.kernels"]
+    ready = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert ready.returncode == 0, ready.stderr[-3000:]
+    copies = ", ".join(isa.name for isa in isa_mod.ladder())
+    assert f"CPU kernels ready ({copies})" in ready.stderr
+    off = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False,
+                         env={**os.environ, build.ENV_SWITCH: "0"})
+    assert off.returncode == 1
+    assert "CPU kernels not built: PLUGSERVE_CPU_KERNELS=0" in off.stderr
