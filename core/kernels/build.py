@@ -179,7 +179,8 @@ def _builds(root: Path) -> list[Path]:
 
 def _why_build(root: Path) -> str:
     if _builds(root):
-        return "the kernel sources, flags, compiler or torch changed since the cached build"
+        return ("no cached build matches: another set of ISA copies, or changed kernel "
+                "sources, flags, compiler or torch")
     return "first start with this cache"
 
 
