@@ -182,9 +182,9 @@ def ladder() -> tuple[Isa, ...]:
     flags = _cpu_flags()
     runs = tuple(isa for isa in candidates if isa.needs <= flags)
     names = {isa.name for isa in runs}
-    # One build less each (a first start compiles every copy): avx512_bf16 has VNNI too; and
-    # avx512_vnni is avx512 with the int8 dot product, so the plain copy is left to CPUs
-    # without VNNI, except beside avx512_bf16, where it runs bf16 without native bf16.
+    # One copy less each to build and test under `PLUGSERVE_CPU_ISAS=all`: avx512_bf16 has
+    # VNNI too; and avx512_vnni is avx512 with the int8 dot product, so the plain copy is left
+    # to CPUs without VNNI, except beside avx512_bf16, where it runs bf16 without native bf16.
     skip = {"avx512_vnni"} if "avx512_bf16" in names else set()
     if "avx512_vnni" in names and "avx512_bf16" not in names:
         skip.add("avx512")
