@@ -19,7 +19,10 @@ Two compiled paths, chosen by the rows of x:
   bf16 (where oneDNN's GEMM is the faster, as for the dense weights) the path below; without
   AMX, int8 activations go to the VNNI kernel where the CPU has AVX512-VNNI
   (`csrc/kernels/quant_vnni.cpp`: x's int8 quants against the weight's bytes with vpdpbusd,
-  exact integer sums per weight group, float32 sums of their scaled values); else the matrix
+  exact integer sums per weight group, float32 sums of their scaled values), else to the
+  AVX2 kernel on any copy with AVX2 (`csrc/kernels/quant_maddubs.cpp`: the same sums with
+  vpmaddubsw, the pairwise int16 products added over as many steps as cannot overflow); on a
+  copy without AVX2 (scalar), and for float activations of a bf16 x, the matrix
   dequantized in strips of up to `STRIP_BYTES` (usually whole) and one dense GEMM per strip
   written in place into the output: in bf16 where the kernel copy in use multiplies bf16
   natively (`avx512_bf16`), in float32 elsewhere (oneDNN's bf16 GEMM is 5-10x slower than its
@@ -49,8 +52,9 @@ MAX_FEW_ROWS = 8
 STRIP_BYTES = 8 << 20
 ACTIVATIONS = ("int8", "float")
 # The many-row path's kernel choices (`many_rows`): "auto" as the entry chooses, "vnni" the
-# VNNI kernel where it runs (skipping AMX), "strips" the dequantize-and-GEMM path only.
-MANY_ROW_KERNELS = ("auto", "vnni", "strips")
+# VNNI kernel where it runs (skipping AMX), "maddubs" the AVX2 integer kernel where the copy
+# has AVX2 (skipping AMX and VNNI), "strips" the dequantize-and-GEMM path only.
+MANY_ROW_KERNELS = ("auto", "vnni", "maddubs", "strips")
 
 
 def available() -> bool:
@@ -68,6 +72,12 @@ def vnni_available() -> bool:
     """Whether int8 activations of many rows multiply on the VNNI kernel here (an AVX-512
     copy of the kernels on a CPU with AVX512-VNNI), where AMX does not take them."""
     return available() and bool(build.ops().quant_vnni_usable())
+
+
+def maddubs_available() -> bool:
+    """Whether int8 activations of many rows can multiply on the AVX2 integer kernel here
+    (vpmaddubsw; any copy with AVX2), where AMX and VNNI do not take them."""
+    return available() and bool(build.ops().quant_maddubs_usable())
 
 
 def quant_linear(
@@ -107,8 +117,8 @@ def many_rows(
     kernels: str = "auto",
 ) -> torch.Tensor:
     """The many-row path for any number of rows of x [rows, cols]; `kernels` (one of
-    MANY_ROW_KERNELS) "vnni" keeps it off AMX, "strips" off AMX and VNNI (the
-    dequantize-and-GEMM path, as on a CPU with neither)."""
+    MANY_ROW_KERNELS) "vnni" keeps it off AMX, "maddubs" off AMX and VNNI, "strips" off all
+    three (the dequantize-and-GEMM path, as on a CPU with none of them)."""
     if kernels not in MANY_ROW_KERNELS:
         raise ValueError(f"kernels={kernels!r}; allowed: {', '.join(MANY_ROW_KERNELS)}")
     out: torch.Tensor = build.ops().quant_gemm(

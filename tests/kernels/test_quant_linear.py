@@ -138,14 +138,17 @@ def _skip_without_amx() -> None:
 @pytest.mark.parametrize("kernels", ql.MANY_ROW_KERNELS)
 def test_many_rows_matches_reference(name: str, activations: Activations,
                                      dtype: torch.dtype, kernels: str) -> None:
-    # kernels: as the entry chooses (AMX where it runs, else VNNI for int8 activations), the
-    # VNNI kernel (int8; float activations fall to strips), the dequantize-and-GEMM path
-    # alone. x rows: one, odd, past one and two 16-row tiles (up to 64 rows x is AMX's B
-    # operand, past that the weight; VNNI packs x 16 rows a vector, two vectors a tile), a
-    # last 32-row block of more and of less than 16 rows; one whole VNNI tile of rows against
-    # one whole 48-row VNNI panel; weight rows past whole panels and strips.
+    # kernels: as the entry chooses (AMX where it runs, else VNNI or AVX2 for int8
+    # activations), the VNNI kernel, the AVX2 one (int8; float activations fall to strips),
+    # the dequantize-and-GEMM path alone. x rows: one, odd, past one and two 16-row tiles (up
+    # to 64 rows x is AMX's B operand, past that the weight; VNNI packs x 16 rows a vector,
+    # AVX2 8, two vectors a tile), a last 32-row block of more and of less than 16 rows; one
+    # whole VNNI tile of rows against one whole 48-row panel; weight rows past whole panels
+    # and strips.
     if kernels == "vnni":
         _skip_without_vnni()
+    if kernels == "maddubs":
+        _skip_without_maddubs()
     cases = [(1, 5, True), (9, 37, False), (33, 300, True), (47, 45, True), (91, 70, True),
              (300, 70, False), (32, 48, True), (64, 97, False)]
     for rows, out, bias in cases:
@@ -159,13 +162,15 @@ def test_many_rows_matches_reference(name: str, activations: Activations,
 def _multiplies_in_bf16(activations: Activations, dtype: torch.dtype, kernels: str) -> bool:
     """Whether the many-row path multiplies bf16 operands here (int8 activations or bf16 x):
     on AMX tiles, or through oneDNN where the copy in use multiplies bf16 natively. The VNNI
-    kernel (int8 activations, no AMX) multiplies exactly in integers and a copy without
-    native bf16 products in float32: both held to the float32 bounds."""
+    kernel and the AVX2 one (int8 activations, no AMX) multiply exactly in integers and a copy
+    without native bf16 products in float32: all held to the float32 bounds."""
     if activations == "float" and dtype == torch.float32:
         return False
     if kernels == "auto" and ql.amx_available():
         return True
     if activations == "int8" and kernels != "strips" and ql.vnni_available():
+        return False
+    if activations == "int8" and kernels in ("auto", "maddubs") and ql.maddubs_available():
         return False
     library = build.library()
     assert library is not None
@@ -178,24 +183,52 @@ def _skip_without_vnni() -> None:
                     "AVX-512")
 
 
-@pytest.mark.parametrize("name", SMALL)
-def test_vnni_takes_every_quant_value(name: str) -> None:
-    # Random bytes as blocks (quants -128 and 127 of Q8_0 included, which gguf's quantizer
-    # never writes), fp16 scales set to small values: each quant is shifted to an unsigned
-    # byte for vpdpbusd and the shift taken back out of the integer sums exactly.
-    _skip_without_vnni()
+def _skip_without_maddubs() -> None:
+    if not ql.maddubs_available():
+        pytest.skip("no AVX2 integer kernel here: this ISA copy has no AVX2")
+
+
+def _extreme_blocks(name: str, rows: int, cols: int) -> QuantBlocks:
+    """Random bytes as blocks, row 0 all 0xFF (every quant at its top: 15 / 31 / 63, Q8_0 -1)
+    and row 1 all 0x80 (Q8_0 -128), then the fp16 scale fields set to small values."""
     qtype = KEPT_TYPES[name]
-    rows, cols = 50, 96
+    per = 32 if name in SMALL else 256
     rng = np.random.default_rng(7)
-    blocks = rng.integers(0, 256, (rows, cols // 32, qtype.block_bytes), dtype=np.uint8)
-    blocks[..., 0:2] = _fp16_bytes(rng.uniform(1e-3, 1e-2, (rows, cols // 32)))
-    if name in ("q4_1", "q5_1"):
-        blocks[..., 2:4] = _fp16_bytes(rng.uniform(-1e-1, 1e-1, (rows, cols // 32)))
+    blocks = rng.integers(0, 256, (rows, cols // per, qtype.block_bytes), dtype=np.uint8)
+    blocks[0] = 0xFF
+    blocks[1] = 0x80
+    d = _fp16_bytes(rng.uniform(1e-3, 1e-2, (rows, cols // per)))
+    if name == "q6_k":
+        blocks[..., 208:210] = d
+    else:
+        blocks[..., 0:2] = d
+    if name in ("q4_1", "q5_1", "q4_k", "q5_k"):
+        blocks[..., 2:4] = _fp16_bytes(rng.uniform(-1e-1, 1e-1, (rows, cols // per)))
     data = torch.from_numpy(np.ascontiguousarray(blocks.reshape(rows, -1)))
-    w = QuantBlocks(qtype, data, rows, cols)
+    return QuantBlocks(qtype, data, rows, cols)
+
+
+@pytest.mark.parametrize("kernels", ["vnni", "maddubs"])
+@pytest.mark.parametrize("name", FORMATS)
+def test_integer_kernels_take_every_quant_value(name: str, kernels: str) -> None:
+    # Every byte value in the blocks (quants -128 and 127 of Q8_0 included, which gguf's
+    # quantizer never writes): each quant is shifted to an unsigned byte for vpdpbusd /
+    # vpmaddubsw (Q8_0 on AVX2: |w| times x with w's sign) and the shift taken back out of
+    # the integer sums exactly. x's first rows at +-127 in every block: against the weight
+    # rows of top quants the AVX2 kernel's int16 sums reach their largest values (8 steps of
+    # 2 x 15 x 127 for the 4-bit formats, 32,512 a pair for Q8_0) without saturating.
+    if kernels == "vnni":
+        _skip_without_vnni()
+    else:
+        _skip_without_maddubs()
+    cols = 96 if name in SMALL else 512
+    w = _extreme_blocks(name, 50, cols)
     for dtype in (torch.float32, torch.bfloat16):
-        x, b = _inputs(40, cols, rows, dtype, True, seed=9)
-        _check(ql.many_rows(x, w, b, "int8", "vnni"), x, w, b, "int8")
+        x, b = _inputs(40, cols, 50, dtype, True, seed=9)
+        x[:4] = 1.0
+        x[4:6] = -1.0
+        x[6:8] = torch.where(x[6:8] < 0, -1.0, 1.0).to(dtype)
+        _check(ql.many_rows(x, w, b, "int8", kernels), x, w, b, "int8")
 
 
 def test_auto_takes_vnni_where_there_is_no_amx() -> None:
@@ -208,10 +241,23 @@ def test_auto_takes_vnni_where_there_is_no_amx() -> None:
     assert torch.equal(ql.quant_linear(x, w, b, "int8"), ql.many_rows(x, w, b, "int8", "vnni"))
 
 
+def test_auto_takes_maddubs_where_there_is_no_vnni_or_amx() -> None:
+    # The entry's choice on a copy with AVX2 where neither AMX nor VNNI runs (the avx2 copy
+    # here): the AVX2 integer kernel's bits.
+    _skip_without_maddubs()
+    if ql.amx_available() or ql.vnni_available():
+        pytest.skip("AMX or VNNI takes the many rows here")
+    w = weight("q4_1", 70, 512)
+    x, b = _inputs(24, 512, 70, torch.float32, True, seed=6)
+    got = ql.quant_linear(x, w, b, "int8")
+    assert torch.equal(got, ql.many_rows(x, w, b, "int8", "maddubs"))
+    assert not torch.equal(got, ql.many_rows(x, w, b, "int8", "strips"))
+
+
 def test_many_rows_refuses_unknown_kernels() -> None:
     w = weight("q8_0", 8, 32)
     x, b = _inputs(9, 32, 8, torch.float32, False, seed=1)
-    with pytest.raises(ValueError, match="kernels='amx'; allowed: auto, vnni, strips"):
+    with pytest.raises(ValueError, match="kernels='amx'; allowed: auto, vnni, maddubs, strips"):
         ql.many_rows(x, w, b, "int8", "amx")
 
 

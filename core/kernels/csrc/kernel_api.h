@@ -280,7 +280,9 @@ struct QuantActivationsArgs {
 // CPU (or its OS) has no AMX, or for a prefill's rows against a weight it leaves to oneDNN.
 // The same arguments for quant_gemm_vnni (kernels/quant_vnni.cpp): int8 activations only,
 // exact integer products per weight group with AVX512-VNNI, float32 sums; false, writing
-// nothing, where this copy or this CPU has no VNNI or the activations are not int8.
+// nothing, where this copy or this CPU has no VNNI or the activations are not int8. And for
+// quant_gemm_maddubs (kernels/quant_maddubs.cpp): the same products with AVX2's vpmaddubsw,
+// false where this copy has no AVX2 or the activations are not int8.
 struct QuantGemmArgs {
   const void* x;
   int64_t x_stride;
@@ -330,6 +332,8 @@ struct DenseAmxArgs {
   X(bool, quant_gemm_amx, (const QuantGemmArgs& args))         \
   X(bool, quant_gemm_vnni, (const QuantGemmArgs& args))        \
   X(bool, vnni_usable, ())                                     \
+  X(bool, quant_gemm_maddubs, (const QuantGemmArgs& args))     \
+  X(bool, maddubs_usable, ())                                  \
   X(bool, dense_amx_linear, (const DenseAmxArgs& args))        \
   X(bool, amx_usable, ())
 

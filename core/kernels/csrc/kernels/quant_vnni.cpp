@@ -11,7 +11,7 @@
 // (quant_row_bf16.h) and packed once per call, 16 rows a vector: [M / 16][K / 4][16 rows][4]
 // signed bytes (16 x 16 transposes of 4-byte groups), with each 32-block's scale dx,
 // dx * sum(q) and each group's -sum(q) as vectors over the 16 rows. Each task takes panels of
-// kPanelRows weight rows and decodes them (quant_blocks.h) into unsigned bytes (vpdpbusd
+// kPanelRows weight rows and decodes them (quant_panel.h) into unsigned bytes (vpdpbusd
 // multiplies unsigned by signed bytes: the formats without a constant are shifted by 8, 16,
 // 32 or 128), a scale per group of G weights (16 for Q6_K, whose scales are per 16, else 32)
 // and each 32-block's constant, all kept in L1 / L2; then every tile of 2 x-vectors (32 rows)
@@ -36,6 +36,7 @@
 
 #include "../vec/pvec.h"
 #include "quant_blocks.h"
+#include "quant_panel.h"
 #include "quant_row_bf16.h"
 #include "transpose16.h"
 
@@ -45,16 +46,17 @@ PLUGSERVE_ISA_BEGIN
 namespace {
 
 using namespace vec;
-using quant::Chunk;
+using quant::dword_at;
+using quant::group_of;
 using quant::kBlock;
-using quant::kChunk;
+using quant::kPanelRows;
+using quant::Panel;
 
 #define PLUGSERVE_VNNI __attribute__((target("avx512vnni")))
 
 constexpr int64_t kLanes = 16;      // rows of x per vector of int32 sums
 constexpr int kTileVectors = 2;     // x-vectors per tile (32 rows)
-constexpr int kTileRows = 6;        // weight rows per tile
-constexpr int64_t kPanelRows = 48;  // weight rows decoded at a time (kTileRows divides it)
+constexpr int kTileRows = 6;        // weight rows per tile (a divisor of kPanelRows)
 
 bool cpu_has_vnni() {
   static const bool has = [] {
@@ -138,61 +140,6 @@ void pack_x(const QuantGemmArgs& a, int64_t G, PackedX& p) {
       }
     }
   });
-}
-
-// A panel of weight rows decoded for the tiles (rows past N are zero: they add nothing).
-struct Panel {
-  std::vector<uint8_t> q;  // [kPanelRows][K] quants + the format's unsigned_offset
-  std::vector<float> g;    // [kPanelRows][K / G] each group's scale
-  std::vector<float> c;    // [kPanelRows][K / 32] each 32-block's constant
-};
-
-template <QuantFormat Fmt, int G>
-void decode_panel(const QuantGemmArgs& a, int64_t n0, Panel& p) {
-  const int64_t K = a.K, groups = K / G, blocks = K / kBlock;
-  const int64_t rows = std::min(kPanelRows, a.N - n0);
-  const __m256i offset = _mm256_set1_epi8(static_cast<char>(unsigned_offset(Fmt)));
-  p.q.resize(kPanelRows * K);
-  p.g.resize(kPanelRows * groups);
-  p.c.resize(kPanelRows * blocks);
-  for (int64_t n = 0; n < rows; ++n) {
-    const uint8_t* row = a.w + (n0 + n) * a.w_row_bytes;
-    uint8_t* q = p.q.data() + n * K;
-    float* g = p.g.data() + n * groups;
-    float* c = p.c.data() + n * blocks;
-    if constexpr (quant::block_elems(Fmt) == kBlock) {
-      for (int64_t j = 0; j < blocks; ++j) {
-        const uint8_t* b = row + j * quant::block_bytes(Fmt);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j * kBlock),
-                            _mm256_add_epi8(quant::small_block_q<Fmt>(b), offset));
-        g[j] = quant::half_at(b);
-        c[j] = quant::has_min(Fmt) ? quant::half_at(b + 2) : 0.0f;
-      }
-    } else {
-      Chunk chunk;
-      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
-        quant::decode_k<Fmt>(row + k0 / kChunk * quant::block_bytes(Fmt), chunk);
-        for (int64_t j = 0; j < kChunk; j += 32) {
-          const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(chunk.q + j));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k0 + j),
-                              _mm256_add_epi8(v, offset));
-        }
-        for (int64_t j = 0; j < kChunk / G; ++j) g[k0 / G + j] = chunk.g16[j * G / 16];
-        for (int64_t j = 0; j < kChunk / kBlock; ++j) c[k0 / kBlock + j] = chunk.min32[j];
-      }
-    }
-  }
-  for (int64_t n = rows; n < kPanelRows; ++n) {
-    std::memset(p.q.data() + n * K, 0, K);
-    std::fill_n(p.g.data() + n * groups, groups, 0.0f);
-    std::fill_n(p.c.data() + n * blocks, blocks, 0.0f);
-  }
-}
-
-inline int32_t dword_at(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
 }
 
 // The float32 sums of R x-vectors (from v0) times kTileRows panel rows (from n), over all K,
@@ -312,7 +259,7 @@ PLUGSERVE_VNNI void panels(const QuantGemmArgs& a, const PackedX& x, int64_t beg
   std::vector<float> t(kPanelRows * kTileVectors * kLanes);
   for (int64_t pi = begin; pi < end; ++pi) {
     const int64_t n0 = pi * kPanelRows;
-    decode_panel<Fmt, G>(a, n0, p);
+    quant::decode_panel<Fmt, G, kOffset>(a.w, a.w_row_bytes, a.K, a.N, n0, p);
     for (int64_t v = 0; v < x.vectors; v += kTileVectors) {
       const int64_t vs = std::min<int64_t>(kTileVectors, x.vectors - v);
       for (int64_t n = 0; n < kPanelRows; n += kTileRows) {
@@ -328,9 +275,6 @@ PLUGSERVE_VNNI void panels(const QuantGemmArgs& a, const PackedX& x, int64_t beg
     }
   }
 }
-
-// Weights per scale: Q6_K's scales are per 16, the other formats' per 32.
-constexpr int group_of(QuantFormat f) { return f == QuantFormat::q6_k ? 16 : 32; }
 
 template <QuantFormat Fmt, typename TO>
 void run(const QuantGemmArgs& a, const PackedX& x) {

@@ -121,9 +121,10 @@ at::Tensor quant_linear_parts(at::Tensor x, const std::vector<at::Tensor>& w,
                               const std::optional<at::Tensor>& bias, at::Tensor out = {});
 
 // The many-row path over GGML blocks (ops/quant_linear.cpp; plugserve.kernels.quant_linear
-// calls it past MAX_FEW_ROWS rows): the AMX kernel, else for int8 activations the VNNI one,
-// where they run and `kernels` ("auto", "vnni", "strips") allows them, else strips of up to
-// strip_bytes of dequantized weight through oneDNN; the result in x's dtype.
+// calls it past MAX_FEW_ROWS rows): the AMX kernel, else for int8 activations the VNNI one or
+// the AVX2 one, where they run and `kernels` ("auto", "vnni", "maddubs", "strips") allows
+// them, else strips of up to strip_bytes of dequantized weight through oneDNN; the result in
+// x's dtype.
 at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
                       const std::optional<at::Tensor>& bias, bool int8_activations,
                       int64_t strip_bytes, const std::string& kernels);

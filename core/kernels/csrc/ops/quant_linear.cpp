@@ -119,26 +119,31 @@ QuantGemmArgs gemm_args(const at::Tensor& x, bool int8, const at::Tensor& w, Qua
   return a;
 }
 
-// Which kernels quant_gemm may use: "auto" (AMX where it runs, else VNNI for int8 activations
-// where it runs, else strips; the AMX kernel's leftovers go to strips), "vnni" (VNNI where it
-// runs, else strips), "strips" (the dequantize-and-GEMM path only, as on a CPU with neither).
-enum class GemmKernels { automatic, vnni, strips };
+// Which kernels quant_gemm may use: "auto" (AMX where it runs, else for int8 activations VNNI
+// where it runs, else vpmaddubsw where the copy has AVX2, else strips; the AMX kernel's
+// leftovers go to strips), "vnni" (VNNI where it runs, else strips), "maddubs" (the AVX2
+// integer kernel where the copy has AVX2, else strips), "strips" (the dequantize-and-GEMM path
+// only, as on a CPU with none of them).
+enum class GemmKernels { automatic, vnni, maddubs, strips };
 
 GemmKernels kernels_named(const std::string& name) {
   if (name == "auto") return GemmKernels::automatic;
   if (name == "vnni") return GemmKernels::vnni;
+  if (name == "maddubs") return GemmKernels::maddubs;
   if (name == "strips") return GemmKernels::strips;
-  TORCH_CHECK(false, "quant_gemm: unknown kernels '", name, "'; allowed: auto, vnni, strips");
+  TORCH_CHECK(false, "quant_gemm: unknown kernels '", name,
+              "'; allowed: auto, vnni, maddubs, strips");
 }
 
 }  // namespace
 
 // The many-row path. Float activations in float32: strips of float32 weights, the float32
 // GEMM. Int8 activations (any x) and bf16 x: the AMX kernel where it runs (x rounded through
-// int8 first for int8 activations), else for int8 activations the VNNI kernel where it runs;
-// else strips of dequantized weights through the dense GEMM (oneDNN) in bf16 where the kernel
-// copy in use multiplies bf16 natively, and in float32 where it does not (oneDNN's bf16 GEMM
-// is 5-10x slower than its float32 one there); the result in x's dtype.
+// int8 first for int8 activations), else for int8 activations the VNNI kernel where it runs,
+// else the AVX2 one (vpmaddubsw) where the copy has AVX2; else strips of dequantized weights
+// through the dense GEMM (oneDNN) in bf16 where the kernel copy in use multiplies bf16
+// natively, and in float32 where it does not (oneDNN's bf16 GEMM is 5-10x slower than its
+// float32 one there); the result in x's dtype.
 at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
                       const std::optional<at::Tensor>& bias, bool int8_activations,
                       int64_t strip_bytes, const std::string& kernels_name) {
@@ -165,7 +170,9 @@ at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
     // bf16 GEMM on AMX, far faster than integer dot products in vector registers.
     if (use == GemmKernels::automatic && kernels().amx_usable()) {
       if (kernels().quant_gemm_amx(a)) return out;
-    } else if (int8 && kernels().quant_gemm_vnni(a)) {
+    } else if (int8 && use != GemmKernels::maddubs && kernels().quant_gemm_vnni(a)) {
+      return out;
+    } else if (int8 && use != GemmKernels::vnni && kernels().quant_gemm_maddubs(a)) {
       return out;
     }
   }
@@ -189,6 +196,7 @@ namespace {
 
 bool quant_amx_usable() { return kernels().amx_usable(); }
 bool quant_vnni_usable() { return kernels().vnni_usable(); }
+bool quant_maddubs_usable() { return kernels().maddubs_usable(); }
 
 // x [M, K] as the many-row path's dense GEMM of `dtype` (bf16 or float32) takes it (tests).
 at::Tensor quant_gemm_activations(at::Tensor x, bool int8_activations, at::ScalarType dtype) {
@@ -284,6 +292,7 @@ TORCH_LIBRARY_FRAGMENT(plugserve_cpu, m) {
         "int strip_bytes, str kernels) -> Tensor", &plugserve::ops::quant_gemm);
   m.def("quant_amx_usable() -> bool", &plugserve::ops::quant_amx_usable);
   m.def("quant_vnni_usable() -> bool", &plugserve::ops::quant_vnni_usable);
+  m.def("quant_maddubs_usable() -> bool", &plugserve::ops::quant_maddubs_usable);
   m.def("quant_gemm_activations(Tensor x, bool int8_activations, ScalarType dtype) -> Tensor",
         &plugserve::ops::quant_gemm_activations);
 }

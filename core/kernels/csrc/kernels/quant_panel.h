@@ -1,0 +1,81 @@
+// Panels of weight rows decoded for the integer many-row kernels (quant_vnni.cpp on
+// AVX512-VNNI, quant_maddubs.cpp on AVX2): each row's quants as bytes plus a shift that makes
+// them unsigned (the byte operand the instructions take unsigned), a scale per group of G
+// weights (16 for Q6_K, whose scales are per 16, else 32) and each 32-block's constant, kept
+// in L1 / L2 while every tile of x's rows runs over them. Included after quant_blocks.h
+// inside the ISA namespace of the copies with AVX2.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+PLUGSERVE_ISA_BEGIN
+#if defined(__AVX2__)
+namespace quant {
+
+constexpr int64_t kPanelRows = 48;  // weight rows decoded at a time
+
+// Weights per scale: Q6_K's scales are per 16, the other formats' per 32.
+constexpr int group_of(QuantFormat f) { return f == QuantFormat::q6_k ? 16 : 32; }
+
+// A panel of weight rows (rows past N are zero: they add nothing).
+struct Panel {
+  std::vector<uint8_t> q;  // [kPanelRows][K] quants + the shift
+  std::vector<float> g;    // [kPanelRows][K / G] each group's scale
+  std::vector<float> c;    // [kPanelRows][K / 32] each 32-block's constant
+};
+
+// Weight rows n0 .. n0 + kPanelRows of w into p, each quant plus `Shift` (a byte).
+template <QuantFormat Fmt, int G, int Shift>
+void decode_panel(const uint8_t* w, int64_t w_row_bytes, int64_t K, int64_t N, int64_t n0,
+                  Panel& p) {
+  const int64_t groups = K / G, blocks = K / kBlock;
+  const int64_t rows = std::min(kPanelRows, N - n0);
+  const __m256i shift = _mm256_set1_epi8(static_cast<char>(Shift));
+  p.q.resize(kPanelRows * K);
+  p.g.resize(kPanelRows * groups);
+  p.c.resize(kPanelRows * blocks);
+  for (int64_t n = 0; n < rows; ++n) {
+    const uint8_t* row = w + (n0 + n) * w_row_bytes;
+    uint8_t* q = p.q.data() + n * K;
+    float* g = p.g.data() + n * groups;
+    float* c = p.c.data() + n * blocks;
+    if constexpr (block_elems(Fmt) == kBlock) {
+      for (int64_t j = 0; j < blocks; ++j) {
+        const uint8_t* b = row + j * block_bytes(Fmt);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j * kBlock),
+                            _mm256_add_epi8(small_block_q<Fmt>(b), shift));
+        g[j] = half_at(b);
+        c[j] = has_min(Fmt) ? half_at(b + 2) : 0.0f;
+      }
+    } else {
+      Chunk chunk;
+      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+        decode_k<Fmt>(row + k0 / kChunk * block_bytes(Fmt), chunk);
+        for (int64_t j = 0; j < kChunk; j += 32) {
+          const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(chunk.q + j));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k0 + j), _mm256_add_epi8(v, shift));
+        }
+        for (int64_t j = 0; j < kChunk / G; ++j) g[k0 / G + j] = chunk.g16[j * G / 16];
+        for (int64_t j = 0; j < kChunk / kBlock; ++j) c[k0 / kBlock + j] = chunk.min32[j];
+      }
+    }
+  }
+  for (int64_t n = rows; n < kPanelRows; ++n) {
+    std::memset(p.q.data() + n * K, 0, K);
+    std::fill_n(p.g.data() + n * groups, groups, 0.0f);
+    std::fill_n(p.c.data() + n * blocks, blocks, 0.0f);
+  }
+}
+
+inline int32_t dword_at(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+}  // namespace quant
+#endif
+PLUGSERVE_ISA_END
