@@ -241,17 +241,25 @@ def test_auto_takes_vnni_where_there_is_no_amx() -> None:
     assert torch.equal(ql.quant_linear(x, w, b, "int8"), ql.many_rows(x, w, b, "int8", "vnni"))
 
 
-def test_auto_takes_maddubs_where_there_is_no_vnni_or_amx() -> None:
-    # The entry's choice on a copy with AVX2 where neither AMX nor VNNI runs (the avx2 copy
-    # here): the AVX2 integer kernel's bits.
-    _skip_without_maddubs()
-    if ql.amx_available() or ql.vnni_available():
-        pytest.skip("AMX or VNNI takes the many rows here")
+def test_auto_takes_maddubs_on_the_avx2_copy() -> None:
+    # The entry's choice on the avx2 copy (no AMX, no VNNI there): the AVX2 integer kernel's
+    # bits for a decode batch, and for Q8_0 only up to 128 rows (past them the float32 GEMM of
+    # dequantized strips is as fast). The copies with AVX-512 leave it to VNNI or strips.
+    library = build.library()
+    assert library is not None
+    if library.isa() != "avx2":
+        pytest.skip(f"the automatic choice takes the AVX2 kernel on the avx2 copy only, "
+                    f"not {library.isa()}")
     w = weight("q4_1", 70, 512)
     x, b = _inputs(24, 512, 70, torch.float32, True, seed=6)
     got = ql.quant_linear(x, w, b, "int8")
     assert torch.equal(got, ql.many_rows(x, w, b, "int8", "maddubs"))
     assert not torch.equal(got, ql.many_rows(x, w, b, "int8", "strips"))
+    w8 = weight("q8_0", 70, 512)
+    for rows, kernels in ((128, "maddubs"), (129, "strips")):
+        x, b = _inputs(rows, 512, 70, torch.float32, True, seed=rows)
+        assert torch.equal(ql.quant_linear(x, w8, b, "int8"),
+                           ql.many_rows(x, w8, b, "int8", kernels)), rows
 
 
 def test_many_rows_refuses_unknown_kernels() -> None:

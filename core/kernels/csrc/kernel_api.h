@@ -282,7 +282,8 @@ struct QuantActivationsArgs {
 // exact integer products per weight group with AVX512-VNNI, float32 sums; false, writing
 // nothing, where this copy or this CPU has no VNNI or the activations are not int8. And for
 // quant_gemm_maddubs (kernels/quant_maddubs.cpp): the same products with AVX2's vpmaddubsw,
-// false where this copy has no AVX2 or the activations are not int8.
+// false where this copy has no AVX2 or the activations are not int8 (maddubs_auto: whether
+// the automatic choice takes it for this format and rows of x).
 struct QuantGemmArgs {
   const void* x;
   int64_t x_stride;
@@ -334,6 +335,7 @@ struct DenseAmxArgs {
   X(bool, vnni_usable, ())                                     \
   X(bool, quant_gemm_maddubs, (const QuantGemmArgs& args))     \
   X(bool, maddubs_usable, ())                                  \
+  X(bool, maddubs_auto, (QuantFormat format, int64_t rows))    \
   X(bool, dense_amx_linear, (const DenseAmxArgs& args))        \
   X(bool, amx_usable, ())
 

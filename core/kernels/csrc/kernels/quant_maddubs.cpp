@@ -68,9 +68,10 @@ constexpr int int16_steps_of(QuantFormat f) {
   return std::min(fit, group_of(f) / 4);
 }
 // Weight rows per tile: the int16 and int32 sums of J x kTileVectors and the operands fit the
-// 16 vector registers; where a group's sums widen more than once both kinds stay live.
+// 16 vector registers; where a group's sums widen more than once both kinds stay live, and
+// Q8_0's products need a register for x with w's sign.
 constexpr int tile_rows_of(QuantFormat f) {
-  return int16_steps_of(f) == 1 || int16_steps_of(f) == group_of(f) / 4 ? 4 : 2;
+  return f == QuantFormat::q8_0 ? 3 : int16_steps_of(f) == group_of(f) / 4 ? 4 : 2;
 }
 
 // 8 vectors of 8 32-bit values: r[i] becomes column i of the 8 x 8 matrix the rows made.
@@ -177,6 +178,7 @@ void tile(const PackedX& x, int64_t v0, const Panel& p, int64_t n, float* t) {
     xneg[r] = x.neg_at(v0 + r);
   }
   const uint8_t* wq = p.q.data() + n * K;
+  const int8_t* wsign = kSigned ? p.s.data() + n * K : nullptr;  // Q8_0: |w| in wq
   const float* wg = p.g.data() + n * groups;
   const float* wc = p.c.data() + n * blocks;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -202,11 +204,15 @@ void tile(const PackedX& x, int64_t v0, const Panel& p, int64_t n, float* t) {
           xv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + k4 * 32));
 #pragma GCC unroll 4
         for (int j = 0; j < J; ++j) {
-          const __m256i wv = _mm256_set1_epi32(dword_at(wq + j * K + 4 * k4));
-          const __m256i wu = kSigned ? _mm256_abs_epi8(wv) : wv;
+          const __m256i wu = _mm256_set1_epi32(dword_at(wq + j * K + 4 * k4));
+          __m256i ws = wu;
+          if constexpr (kSigned) {
+            ws = _mm256_set1_epi32(
+                dword_at(reinterpret_cast<const uint8_t*>(wsign) + j * K + 4 * k4));
+          }
 #pragma GCC unroll 2
           for (int r = 0; r < R; ++r) {
-            const __m256i xr = kSigned ? _mm256_sign_epi8(xv[r], wv) : xv[r];
+            const __m256i xr = kSigned ? _mm256_sign_epi8(xv[r], ws) : xv[r];
             part[j][r] = _mm256_add_epi16(part[j][r], _mm256_maddubs_epi16(wu, xr));
           }
         }
@@ -252,6 +258,17 @@ void tile(const PackedX& x, int64_t v0, const Panel& p, int64_t n, float* t) {
   }
 }
 
+// 8 floats as bf16, rounded to nearest even, NaN as 0x7FC0 (c10::BFloat16's rounding).
+inline __m128i to_bf16(__m256 v) {
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000),
+                         _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  r = _mm256_srli_epi32(r, 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
 // The panel's sums t [kPanelRows][lanes] (lanes: 8 or 16) for x's rows m0 .. m0 + rows, into
 // out with the bias, transposed 8 x 8 at a time.
 template <typename TO>
@@ -259,7 +276,7 @@ void store_panel(const QuantGemmArgs& a, const float* t, int64_t lanes, int64_t 
                  int64_t rows, int64_t n0) {
   const int64_t cols = std::min(kPanelRows, a.N - n0);
   TO* out = static_cast<TO*>(a.out);
-  alignas(32) float y[kLanes];
+  alignas(32) TO y[kLanes];
   for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
     const int64_t n = std::min(kLanes, cols - c0);
     alignas(32) float bias[kLanes] = {};
@@ -273,14 +290,13 @@ void store_panel(const QuantGemmArgs& a, const float* t, int64_t lanes, int64_t 
       for (int64_t i = 0; i < std::min(kLanes, rows - l0); ++i) {
         const __m256 v = _mm256_add_ps(_mm256_castsi256_ps(r[i]), bias_v);
         TO* dst = out + (m0 + l0 + i) * a.N + n0 + c0;
+        TO* to = n == kLanes ? dst : y;
         if constexpr (std::is_same_v<TO, float>) {
-          if (n == kLanes) {
-            _mm256_storeu_ps(dst, v);
-            continue;
-          }
+          _mm256_storeu_ps(to, v);
+        } else {
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(to), to_bf16(v));
         }
-        _mm256_store_ps(y, v);
-        for (int64_t c = 0; c < n; ++c) dst[c] = vec::from_float<TO>(y[c]);
+        if (n < kLanes) std::copy_n(y, n, dst);
       }
     }
   }
@@ -294,7 +310,8 @@ void panels(const QuantGemmArgs& a, const PackedX& x, int64_t begin, int64_t end
   std::vector<float> t(kPanelRows * kTileVectors * kLanes);
   for (int64_t pi = begin; pi < end; ++pi) {
     const int64_t n0 = pi * kPanelRows;
-    quant::decode_panel<Fmt, G, shift_of(Fmt)>(a.w, a.w_row_bytes, a.K, a.N, n0, p);
+    quant::decode_panel<Fmt, G, shift_of(Fmt), Fmt == QuantFormat::q8_0>(a.w, a.w_row_bytes,
+                                                                         a.K, a.N, n0, p);
     for (int64_t v = 0; v < x.vectors; v += kTileVectors) {
       const int64_t vs = std::min<int64_t>(kTileVectors, x.vectors - v);
       for (int64_t n = 0; n < kPanelRows; n += J) {
@@ -323,6 +340,25 @@ void run(const QuantGemmArgs& a, const PackedX& x) {
 
 bool maddubs_usable() { return true; }
 
+// Where "auto" takes this kernel. Measured on the Cascade Lake class Xeon (2 threads,
+// benchmarks/quant_linear_speed.py --many 16,64,128,1024 --kernels maddubs / strips, ms per
+// call, 1536 x 576): on the avx2 copy against oneDNN held to AVX2, Q4_1 0.20 / 0.64 / 1.28 /
+// 10.4 against 0.51 / 1.22 / 2.06 / 12.7, Q8_0 0.28 / 0.94 / 2.0 / 14.6 against 0.88 / 1.28 /
+// 2.0 / 12.8 (Q8_0's products take three instructions per 32, float32 FMAs two per 16: past a
+// decode batch the float32 GEMM of dequantized strips catches up); on an AVX-512 copy against
+// oneDNN's AVX-512 float32 GEMM, 256-bit integer products lose from 64 rows on (Q4_1 1.38 /
+// 2.58 / 19.4 against 1.71 / 2.16 / 12.2), so the copies with AVX-512 leave it to VNNI or
+// strips.
+bool maddubs_auto(QuantFormat format, int64_t rows) {
+#if defined(CPU_CAPABILITY_AVX512)
+  (void)format;
+  (void)rows;
+  return false;
+#else
+  return format != QuantFormat::q8_0 || rows <= 128;
+#endif
+}
+
 bool quant_gemm_maddubs(const QuantGemmArgs& a) {
   if (!a.int8 || a.K % kBlock != 0) return false;
   TORCH_CHECK(a.out_dtype == Dtype::f32 || a.out_dtype == Dtype::bf16,
@@ -349,6 +385,7 @@ bool quant_gemm_maddubs(const QuantGemmArgs& a) {
 #else  // no AVX2 in this copy
 
 bool maddubs_usable() { return false; }
+bool maddubs_auto(QuantFormat, int64_t) { return false; }
 bool quant_gemm_maddubs(const QuantGemmArgs&) { return false; }
 
 #endif

@@ -22,13 +22,15 @@ constexpr int group_of(QuantFormat f) { return f == QuantFormat::q6_k ? 16 : 32;
 
 // A panel of weight rows (rows past N are zero: they add nothing).
 struct Panel {
-  std::vector<uint8_t> q;  // [kPanelRows][K] quants + the shift
+  std::vector<uint8_t> q;  // [kPanelRows][K] quants + the shift (with Abs: |quants|)
+  std::vector<int8_t> s;   // [kPanelRows][K] with Abs: the quants themselves (their signs)
   std::vector<float> g;    // [kPanelRows][K / G] each group's scale
   std::vector<float> c;    // [kPanelRows][K / 32] each 32-block's constant
 };
 
-// Weight rows n0 .. n0 + kPanelRows of w into p, each quant plus `Shift` (a byte).
-template <QuantFormat Fmt, int G, int Shift>
+// Weight rows n0 .. n0 + kPanelRows of w into p, each quant plus `Shift` (a byte); with
+// `Abs` (Q8_0 on AVX2, Shift 0) the quants' absolute values, and the quants into p.s.
+template <QuantFormat Fmt, int G, int Shift, bool Abs = false>
 void decode_panel(const uint8_t* w, int64_t w_row_bytes, int64_t K, int64_t N, int64_t n0,
                   Panel& p) {
   const int64_t groups = K / G, blocks = K / kBlock;
@@ -37,6 +39,8 @@ void decode_panel(const uint8_t* w, int64_t w_row_bytes, int64_t K, int64_t N, i
   p.q.resize(kPanelRows * K);
   p.g.resize(kPanelRows * groups);
   p.c.resize(kPanelRows * blocks);
+  static_assert(!Abs || (Shift == 0 && block_elems(Fmt) == kBlock), "Abs: signed small blocks");
+  if constexpr (Abs) p.s.resize(kPanelRows * K);
   for (int64_t n = 0; n < rows; ++n) {
     const uint8_t* row = w + (n0 + n) * w_row_bytes;
     uint8_t* q = p.q.data() + n * K;
@@ -45,8 +49,14 @@ void decode_panel(const uint8_t* w, int64_t w_row_bytes, int64_t K, int64_t N, i
     if constexpr (block_elems(Fmt) == kBlock) {
       for (int64_t j = 0; j < blocks; ++j) {
         const uint8_t* b = row + j * block_bytes(Fmt);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j * kBlock),
-                            _mm256_add_epi8(small_block_q<Fmt>(b), shift));
+        const __m256i v = small_block_q<Fmt>(b);
+        if constexpr (Abs) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.s.data() + n * K + j * kBlock), v);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j * kBlock), _mm256_abs_epi8(v));
+        } else {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j * kBlock),
+                              _mm256_add_epi8(v, shift));
+        }
         g[j] = half_at(b);
         c[j] = has_min(Fmt) ? half_at(b + 2) : 0.0f;
       }
@@ -65,6 +75,7 @@ void decode_panel(const uint8_t* w, int64_t w_row_bytes, int64_t K, int64_t N, i
   }
   for (int64_t n = rows; n < kPanelRows; ++n) {
     std::memset(p.q.data() + n * K, 0, K);
+    if constexpr (Abs) std::memset(p.s.data() + n * K, 0, K);
     std::fill_n(p.g.data() + n * groups, groups, 0.0f);
     std::fill_n(p.c.data() + n * blocks, blocks, 0.0f);
   }

@@ -120,10 +120,10 @@ QuantGemmArgs gemm_args(const at::Tensor& x, bool int8, const at::Tensor& w, Qua
 }
 
 // Which kernels quant_gemm may use: "auto" (AMX where it runs, else for int8 activations VNNI
-// where it runs, else vpmaddubsw where the copy has AVX2, else strips; the AMX kernel's
-// leftovers go to strips), "vnni" (VNNI where it runs, else strips), "maddubs" (the AVX2
-// integer kernel where the copy has AVX2, else strips), "strips" (the dequantize-and-GEMM path
-// only, as on a CPU with none of them).
+// where it runs, else vpmaddubsw where the copy takes it by default (the avx2 copy; Q8_0 up to
+// 128 rows), else strips; the AMX kernel's leftovers go to strips), "vnni" (VNNI where it
+// runs, else strips), "maddubs" (the AVX2 integer kernel where the copy has AVX2, else
+// strips), "strips" (the dequantize-and-GEMM path only, as on a CPU with none of them).
 enum class GemmKernels { automatic, vnni, maddubs, strips };
 
 GemmKernels kernels_named(const std::string& name) {
@@ -140,10 +140,10 @@ GemmKernels kernels_named(const std::string& name) {
 // The many-row path. Float activations in float32: strips of float32 weights, the float32
 // GEMM. Int8 activations (any x) and bf16 x: the AMX kernel where it runs (x rounded through
 // int8 first for int8 activations), else for int8 activations the VNNI kernel where it runs,
-// else the AVX2 one (vpmaddubsw) where the copy has AVX2; else strips of dequantized weights
-// through the dense GEMM (oneDNN) in bf16 where the kernel copy in use multiplies bf16
-// natively, and in float32 where it does not (oneDNN's bf16 GEMM is 5-10x slower than its
-// float32 one there); the result in x's dtype.
+// else the AVX2 one (vpmaddubsw) on the avx2 copy (kernels/quant_maddubs.cpp says where it
+// is the faster); else strips of dequantized weights through the dense GEMM (oneDNN) in bf16
+// where the kernel copy in use multiplies bf16 natively, and in float32 where it does not
+// (oneDNN's bf16 GEMM is 5-10x slower than its float32 one there); the result in x's dtype.
 at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
                       const std::optional<at::Tensor>& bias, bool int8_activations,
                       int64_t strip_bytes, const std::string& kernels_name) {
@@ -172,7 +172,10 @@ at::Tensor quant_gemm(at::Tensor x, at::Tensor w, const std::string& format,
       if (kernels().quant_gemm_amx(a)) return out;
     } else if (int8 && use != GemmKernels::maddubs && kernels().quant_gemm_vnni(a)) {
       return out;
-    } else if (int8 && use != GemmKernels::vnni && kernels().quant_gemm_maddubs(a)) {
+    } else if (int8 &&
+               (use == GemmKernels::maddubs ||
+                (use == GemmKernels::automatic && kernels().maddubs_auto(f, a.M))) &&
+               kernels().quant_gemm_maddubs(a)) {
       return out;
     }
   }
