@@ -231,6 +231,22 @@ def test_integer_kernels_take_every_quant_value(name: str, kernels: str) -> None
         _check(ql.many_rows(x, w, b, "int8", kernels), x, w, b, "int8")
 
 
+@pytest.mark.parametrize("name", FORMATS)
+def test_maddubs_has_the_vnni_kernels_bits(name: str) -> None:
+    # The same x rounding, exact integer sums per group and float32 sums in the same order:
+    # the AVX2 kernel's result equals the VNNI kernel's to the bit (x over four decades, so a
+    # block's rounding through int8 matters), where both run.
+    _skip_without_vnni()
+    _skip_without_maddubs()
+    cols = 96 if name in SMALL else 512
+    w = weight(name, 70, cols)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, b = _inputs(40, cols, 70, dtype, True, seed=3)
+        x = x * torch.logspace(-2, 2, cols).to(dtype)
+        assert torch.equal(ql.many_rows(x, w, b, "int8", "maddubs"),
+                           ql.many_rows(x, w, b, "int8", "vnni"))
+
+
 def test_auto_takes_vnni_where_there_is_no_amx() -> None:
     # The entry's choice on a CPU with AVX512-VNNI and no AMX: the VNNI kernel's bits.
     _skip_without_vnni()

@@ -17,7 +17,8 @@
 //   by 32; the shift is taken back out of the integer sums through each group's -sum(xq)),
 //   except Q8_0, whose quants (-128..127) shifted by 128 would overflow the pairs: it
 //   multiplies |w| by x with w's sign (vpsignb; llama.cpp's trick), |w| <= 128 and |xq| <= 127
-//   keeping a pair within 2 * 128 * 127 = 32,512;
+//   keeping a pair within 2 * 128 * 127 = 32,512 (the panel holds |w| and w, so a step
+//   broadcasts both instead of taking the absolute value of each);
 // - the int16 pairs of several steps are added before they are widened, as many as cannot
 //   overflow: a weight byte of at most 15 (4-bit) lets a whole 32-group's 8 steps add up
 //   (8 x 2 x 15 x 127 = 30,480), 31 (5-bit) 4 steps, 63 (Q6_K) 2, Q8_0 one.
