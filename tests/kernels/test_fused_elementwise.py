@@ -278,3 +278,42 @@ def test_rope_refuses_mismatched_angles() -> None:
         fe.rope_(x, torch.randn(3, 1, 3), torch.randn(3, 1, 3))
     with pytest.raises(RuntimeError, match="dtype"):
         fe.rope_(x, torch.randn(3, 1, 4).bfloat16(), torch.randn(3, 1, 4).bfloat16())
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_avx2_copy_gives_the_avx512_copys_bits(dtype: torch.dtype, kernel_isa: str) -> None:
+    """The plain loops vectorise on AVX2 as on AVX-512 (elementwise.cpp is compiled with
+    -fno-trapping-math, which lets GCC turn their range and NaN selects into vector selects
+    without AVX-512's masks) and the vectors change no value: the avx2 copy's SiLU * up,
+    rope and residual sums are the avx512 copies' bits (both contract the same products into
+    FMAs; the norms' sums of squares are added in an order that depends on the vector width,
+    and the avx512_bf16 copy rounds bf16 its own way: both left out)."""
+    from plugserve.kernels import compile as compile_mod
+    from plugserve.kernels import isa as isa_mod
+
+    assert "-fno-trapping-math" in compile_mod.SOURCE_FLAGS["elementwise.cpp"]
+    names = [i.name for i in isa_mod.ladder()]
+    wide = [n for n in ("avx512_vnni", "avx512") if n in names]
+    if kernel_isa != "avx2" or not wide:
+        pytest.skip("compares the avx2 copy with an avx512 / avx512_vnni copy of this CPU")
+    special = torch.tensor([-1e4, -88.8, -88.5, -20.0, -0.0, 1e-3, 88.8, float("inf"),
+                            float("-inf"), float("nan")])
+    gate_up = _rand(37, 2 * 200, dtype=dtype, seed=8, scale=4.0)
+    gate_up[0, : len(special)] = special.to(dtype)
+    x, res = _rand(37, 200, dtype=dtype, seed=9), _rand(37, 200, dtype=dtype, seed=10)
+    # add_rms_norm's residual sum h: elementwise
+    w = _rand(200, dtype=dtype, seed=11)
+    q = _rand(5, 3, 64, dtype=dtype, seed=12)
+    cos, sin = _rand(5, 32, dtype=dtype, seed=13), _rand(5, 32, dtype=dtype, seed=14)
+
+    def run() -> list[torch.Tensor]:
+        qr = q.clone()
+        fe.rope_(qr, cos, sin)
+        return [fe.silu_mul(gate_up), fe.add_rms_norm(x, res, w, EPS)[1], qr]
+
+    narrow = run()
+    with isa_mod.use_isa(wide[0]):
+        for i, (a, b) in enumerate(zip(narrow, run(), strict=True)):
+            assert torch.equal(a.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                               b.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)), i

@@ -16,12 +16,10 @@
 // in vector lanes, so its rounding differs from torch's by an ulp or so of float32).
 //
 // These are plain loops (`omp simd`) the compiler vectorises for each ISA's flags: the same
-// source is the AVX2, AVX-512 and scalar copy. Rows run in parallel. The exceptions: bf16 in
+// source is the AVX2, AVX-512 and scalar copy. Rows run in parallel. The exception: bf16 in
 // the AVX512-BF16 copy, where the norms' scaling, rope and SiLU * up round with one
 // instruction each (vec::round_bf16: subnormals become zero), and SiLU * up takes a cheaper
-// exp and reciprocal (silu_mul_row_bf16: within one bf16 ulp of the above); and SiLU * up in
-// bf16 on the avx2 copy, whose plain loop the compiler leaves scalar (silu_mul_row_bf16_vec:
-// the same e^-g in vectors, within one bf16 ulp).
+// exp and reciprocal (silu_mul_row_bf16: within one bf16 ulp of the above).
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -176,41 +174,6 @@ inline void silu_mul_row_bf16(const BF16* __restrict gate, const BF16* __restric
 }
 #endif
 
-#if defined(CPU_CAPABILITY_AVX2)
-// bf16 on the avx2 copy, where the plain loop stays scalar (without AVX-512's mask registers
-// GCC keeps its NaN and range checks as branches under trapping math; 16x the AVX-512 copy's
-// time):
-// silu_mul_row_bf16's e^-g in vectors, an exact division, and each bf16 rounding as
-// vec::store's (to nearest even, c10's NaN) through a bf16 vector in L1. Within one bf16 ulp
-// of the plain loop (its e^-g is a few float32 ulps apart), subnormal results kept.
-inline void silu_mul_row_bf16_vec(const BF16* __restrict gate, const BF16* __restrict up,
-                                  BF16* __restrict o, int64_t width) {
-  const F minus_log2e(-1.44269504088896341f), minus_log2e_lo(-1.925963033500011e-08f);
-  const F ln2(0.693147180559945309f), one(1.f);
-  alignas(64) BF16 silu[kWidth];
-  int64_t d = 0;
-  for (; d + kWidth <= width; d += kWidth) {
-    const F g = load(gate + d);
-    // -g log2 e as hi + lo, 2^(hi + lo) = 2^hi (1 + lo ln 2) (see silu_mul_row_bf16); g
-    // clamped to +-150 first (a NaN stays one: ATen's maximum / minimum propagate it).
-    const F gc = at::vec::minimum(at::vec::maximum(g, F(-150.f)), F(150.f));
-    const F hi = gc * minus_log2e;
-    const F lo = at::vec::fmadd(gc, minus_log2e_lo, at::vec::fmsub(gc, minus_log2e, hi));
-    // This copy's exp2 clamps its argument at 127: 2^(hi - 1) * 2 reaches 2^128 = inf where
-    // e^-g overflows float32 (g below about -88.7), as torch's exp does, so SiLU is -0 there.
-    const F big = exp2(hi - one) * F(2.f);
-    const F den = at::vec::fmadd(big, at::vec::fmadd(lo, ln2, one), one);
-    store(silu, g / den);
-    store(o + d, load(silu) * load(up + d));
-  }
-  for (; d < width; ++d) {
-    const float g = to_float(gate[d]);
-    const float s = round_to<BF16>(g / (1.f + exp_f32(-g)));
-    o[d] = from_float<BF16>(s * to_float(up[d]));
-  }
-}
-#endif
-
 template <typename T>
 void silu_mul_rows(const SiluMulArgs& a) {
   const T* in = static_cast<const T*>(a.gate_up);
@@ -224,11 +187,6 @@ void silu_mul_rows(const SiluMulArgs& a) {
 #if defined(__AVX512BF16__)
       if constexpr (std::is_same_v<T, BF16>) {
         silu_mul_row_bf16(gate, up, o, width);
-        continue;
-      }
-#elif defined(CPU_CAPABILITY_AVX2)
-      if constexpr (std::is_same_v<T, BF16>) {
-        silu_mul_row_bf16_vec(gate, up, o, width);
         continue;
       }
 #endif
