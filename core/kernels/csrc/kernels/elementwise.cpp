@@ -16,7 +16,8 @@
 // in vector lanes, so its rounding differs from torch's by an ulp or so of float32).
 //
 // These are plain loops (`omp simd`) the compiler vectorises for each ISA's flags: the same
-// source is the AVX2, AVX-512 and scalar copy. Rows run in parallel. The exception: bf16 in
+// source is the AVX2, AVX-512 and scalar copy (compiled with -fno-trapping-math, compile.py's
+// SOURCE_FLAGS, so that AVX2 vectorises their selects too). Rows run in parallel. The exception: bf16 in
 // the AVX512-BF16 copy, where the norms' scaling, rope and SiLU * up round with one
 // instruction each (vec::round_bf16: subnormals become zero), and SiLU * up takes a cheaper
 // exp and reciprocal (silu_mul_row_bf16: within one bf16 ulp of the above).
