@@ -94,30 +94,11 @@ inline void transpose8(__m256i r[8]) {
   }
 }
 
-// x rounded through int8 and packed for the tiles.
-struct PackedX {
-  int64_t vectors = 0, K = 0, blocks = 0, groups = 0;
-  std::vector<int8_t> q;     // [vectors][K / 4][8][4] (0 past M)
-  std::vector<float> scale;  // [vectors][blocks][8]: dx (0 past M)
-  std::vector<float> sum;    // [vectors][blocks][8]: dx * sum of the block's quants
-  std::vector<int32_t> neg;  // [vectors][groups][8]: -(sum of the group's quants)
-
-  const int8_t* q_at(int64_t v) const { return q.data() + v * K * kLanes; }
-  const float* scale_at(int64_t v) const { return scale.data() + v * blocks * kLanes; }
-  const float* sum_at(int64_t v) const { return sum.data() + v * blocks * kLanes; }
-  const int32_t* neg_at(int64_t v) const { return neg.data() + v * groups * kLanes; }
-};
+using PackedX = quant::PackedX<kLanes>;
 
 template <typename T>
 void pack_x(const QuantGemmArgs& a, int64_t G, PackedX& p) {
-  p.K = a.K;
-  p.blocks = a.K / kBlock;
-  p.groups = a.K / G;
-  p.vectors = (a.M + kLanes - 1) / kLanes;
-  p.q.resize(p.vectors * a.K * kLanes);
-  p.scale.assign(p.vectors * p.blocks * kLanes, 0.0f);
-  p.sum.assign(p.vectors * p.blocks * kLanes, 0.0f);
-  p.neg.assign(p.vectors * p.groups * kLanes, 0);
+  p.init(a.M, a.K, G);
   const T* x = static_cast<const T*>(a.x);
   at::parallel_for(0, p.vectors, 1, [&](int64_t begin, int64_t end) {
     quant::Int8Rows r;

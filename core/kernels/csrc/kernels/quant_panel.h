@@ -1,5 +1,6 @@
-// Panels of weight rows decoded for the integer many-row kernels (quant_vnni.cpp on
-// AVX512-VNNI, quant_maddubs.cpp on AVX2): each row's quants as bytes plus a shift that makes
+// What the integer many-row kernels (quant_vnni.cpp on AVX512-VNNI, quant_maddubs.cpp on
+// AVX2) share: x's int8 quants packed a vector of rows at a time (PackedX), and panels of
+// weight rows decoded for them: each row's quants as bytes plus a shift that makes
 // them unsigned (the byte operand the instructions take unsigned), a scale per group of G
 // weights (16 for Q6_K, whose scales are per 16, else 32) and each 32-block's constant, kept
 // in L1 / L2 while every tile of x's rows runs over them. Included after quant_blocks.h
@@ -19,6 +20,32 @@ constexpr int64_t kPanelRows = 48;  // weight rows decoded at a time
 
 // Weights per scale: Q6_K's scales are per 16, the other formats' per 32.
 constexpr int group_of(QuantFormat f) { return f == QuantFormat::q6_k ? 16 : 32; }
+
+// x rounded through int8 and packed for the tiles, Lanes rows a vector (rows past M: zero
+// quants and scales). The kernel fills it; init sizes it.
+template <int64_t Lanes>
+struct PackedX {
+  int64_t vectors = 0, K = 0, blocks = 0, groups = 0;
+  std::vector<int8_t> q;     // [vectors][K / 4][Lanes][4]
+  std::vector<float> scale;  // [vectors][blocks][Lanes]: dx
+  std::vector<float> sum;    // [vectors][blocks][Lanes]: dx * sum of the block's quants
+  std::vector<int32_t> neg;  // [vectors][groups][Lanes]: -(sum of the group's quants)
+
+  void init(int64_t M, int64_t K_, int64_t G) {
+    K = K_;
+    blocks = K / kBlock;
+    groups = K / G;
+    vectors = (M + Lanes - 1) / Lanes;
+    q.resize(vectors * K * Lanes);
+    scale.assign(vectors * blocks * Lanes, 0.0f);
+    sum.assign(vectors * blocks * Lanes, 0.0f);
+    neg.assign(vectors * groups * Lanes, 0);
+  }
+  const int8_t* q_at(int64_t v) const { return q.data() + v * K * Lanes; }
+  const float* scale_at(int64_t v) const { return scale.data() + v * blocks * Lanes; }
+  const float* sum_at(int64_t v) const { return sum.data() + v * blocks * Lanes; }
+  const int32_t* neg_at(int64_t v) const { return neg.data() + v * groups * Lanes; }
+};
 
 // A panel of weight rows (rows past N are zero: they add nothing).
 struct Panel {
