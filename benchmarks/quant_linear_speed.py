@@ -17,9 +17,10 @@ The K-quants (256-weight superblocks) apply only to the 1536-column matrix.
 `--many 16,64,256,1024` times the many-row path instead (prefill and batched decode): ms per
 call of x[M, cols] @ W.T for each M through `quant_linear.many_rows` (int8 activations with
 float32 and bf16 x, float activations with bf16 and float32 x; `--kernels auto` as the engine
-chooses (AMX where the CPU has it, else VNNI for int8 activations, else the AVX2 integer
-kernel), `vnni`, `maddubs`, or `strips` for the dequantize-and-GEMM path), against the dense bf16 and float32 `F.linear` and the
-dequantization of the whole matrix to bf16. The weight stays in the caches
+chooses (AMX where the CPU has it, else VNNI for int8 activations, else on the avx2 copy
+the AVX2 integer kernel), `vnni`, `maddubs`, or `strips` for the dequantize-and-GEMM path),
+against the dense bf16 and float32 `F.linear` and the dequantization of the whole matrix to
+bf16. The weight stays in the caches
 (as in a prefill, where many rows share it).
 
     python benchmarks/quant_linear_speed.py --many 16,64,256,1024 [--formats q8_0,q4_k]
@@ -94,10 +95,13 @@ def many_rows_table(rows: list[int], formats: list[str], shapes: list[tuple[int,
 
     amx = kernels == "auto" and ql.amx_available()
     vnni = not amx and kernels in ("auto", "vnni") and ql.vnni_available()
-    maddubs = not amx and not vnni and kernels in ("auto", "maddubs") and ql.maddubs_available()
+    library = build.library()
+    assert library is not None
+    maddubs = not amx and not vnni and ql.maddubs_available() and (
+        kernels == "maddubs" or (kernels == "auto" and library.isa() == "avx2"))
     path = "AMX" if amx else "VNNI for int8, dequantize + GEMM for float" if vnni else (
-        "AVX2 vpmaddubsw for int8, dequantize + GEMM for float" if maddubs else
-        "dequantize + GEMM")
+        "AVX2 vpmaddubsw for int8 (auto: Q8_0 up to 128 rows), dequantize + GEMM for float"
+        if maddubs else "dequantize + GEMM")
     print(f"many-row path: {path}; "
           "ms per call (x dense bf16: the dense bf16 time over this one)")
     header = (f"{'format':<7}{'shape':>10}{'M':>6}{'int8 f32':>10}{'int8 bf16':>10}"

@@ -19,10 +19,11 @@ Two compiled paths, chosen by the rows of x:
   bf16 (where oneDNN's GEMM is the faster, as for the dense weights) the path below; without
   AMX, int8 activations go to the VNNI kernel where the CPU has AVX512-VNNI
   (`csrc/kernels/quant_vnni.cpp`: x's int8 quants against the weight's bytes with vpdpbusd,
-  exact integer sums per weight group, float32 sums of their scaled values), else to the
-  AVX2 kernel on any copy with AVX2 (`csrc/kernels/quant_maddubs.cpp`: the same sums with
-  vpmaddubsw, the pairwise int16 products added over as many steps as cannot overflow); on a
-  copy without AVX2 (scalar), and for float activations of a bf16 x, the matrix
+  exact integer sums per weight group, float32 sums of their scaled values), else on the
+  `avx2` copy to the AVX2 kernel (`csrc/kernels/quant_maddubs.cpp`: the same sums, to the
+  bit, with vpmaddubsw, the pairwise int16 products added over as many steps as cannot
+  overflow; Q8_0 up to 128 rows); elsewhere (Q8_0 past 128 rows on AVX2, an AVX-512 copy
+  without VNNI, the scalar copy, float activations of a bf16 x) the matrix
   dequantized in strips of up to `STRIP_BYTES` (usually whole) and one dense GEMM per strip
   written in place into the output: in bf16 where the kernel copy in use multiplies bf16
   natively (`avx512_bf16`), in float32 elsewhere (oneDNN's bf16 GEMM is 5-10x slower than its
