@@ -149,16 +149,11 @@ void tile(const PackedX& x, int64_t v0, const Panel& p, int64_t n, float* t) {
   static_assert(kShift == 0 || (kShift & (kShift - 1)) == 0, "a power of two");
   constexpr int kShiftBits = kShift == 0 ? 0 : __builtin_ctz(kShift);
   const int64_t K = x.K, groups = K / G, blocks = x.blocks;
-  const int8_t* xq[R];
-  const float* xs[R];
-  const float* xsum[R];
-  const int32_t* xneg[R];
-  for (int r = 0; r < R; ++r) {
-    xq[r] = x.q_at(v0 + r);
-    xs[r] = x.scale_at(v0 + r);
-    xsum[r] = x.sum_at(v0 + r);
-    xneg[r] = x.neg_at(v0 + r);
-  }
+  const quant::XVectors<kLanes, R> xv_at(x, v0);
+  const auto& xq = xv_at.q;
+  const auto& xs = xv_at.scale;
+  const auto& xsum = xv_at.sum;
+  const auto& xneg = xv_at.neg;
   const uint8_t* wq = p.q.data() + n * K;
   const int8_t* wsign = kSigned ? p.s.data() + n * K : nullptr;  // Q8_0: |w| in wq
   const float* wg = p.g.data() + n * groups;

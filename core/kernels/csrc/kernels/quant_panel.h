@@ -47,6 +47,25 @@ struct PackedX {
   const int32_t* neg_at(int64_t v) const { return neg.data() + v * groups * Lanes; }
 };
 
+// The R x-vectors from v0 that a tile multiplies: where each one's quants, scales, sums and
+// negated group sums start.
+template <int64_t Lanes, int R>
+struct XVectors {
+  const int8_t* q[R];
+  const float* scale[R];
+  const float* sum[R];
+  const int32_t* neg[R];
+
+  XVectors(const PackedX<Lanes>& x, int64_t v0) {
+    for (int r = 0; r < R; ++r) {
+      q[r] = x.q_at(v0 + r);
+      scale[r] = x.scale_at(v0 + r);
+      sum[r] = x.sum_at(v0 + r);
+      neg[r] = x.neg_at(v0 + r);
+    }
+  }
+};
+
 // A panel of weight rows (rows past N are zero: they add nothing).
 struct Panel {
   std::vector<uint8_t> q;  // [kPanelRows][K] quants + the shift (with Abs: |quants|)

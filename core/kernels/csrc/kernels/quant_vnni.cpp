@@ -132,16 +132,11 @@ PLUGSERVE_VNNI void tile(const PackedX& x, int64_t v0, const Panel& p, int64_t n
   static_assert(Offset == 0 || (Offset & (Offset - 1)) == 0, "a power of two");
   constexpr int kShift = Offset == 0 ? 0 : __builtin_ctz(Offset);
   const int64_t K = x.K, groups = K / G, blocks = x.blocks;
-  const int8_t* xq[R];
-  const float* xs[R];
-  const float* xsum[R];
-  const int32_t* xneg[R];
-  for (int r = 0; r < R; ++r) {
-    xq[r] = x.q_at(v0 + r);
-    xs[r] = x.scale_at(v0 + r);
-    xsum[r] = x.sum_at(v0 + r);
-    xneg[r] = x.neg_at(v0 + r);
-  }
+  const quant::XVectors<kLanes, R> xv_at(x, v0);
+  const auto& xq = xv_at.q;
+  const auto& xs = xv_at.scale;
+  const auto& xsum = xv_at.sum;
+  const auto& xneg = xv_at.neg;
   const uint8_t* wq = p.q.data() + n * K;
   const float* wg = p.g.data() + n * groups;
   const float* wc = p.c.data() + n * blocks;
