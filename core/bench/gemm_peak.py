@@ -3,7 +3,11 @@
 Peak: the engine's own `Linear` modules of the first decoder layer (qkv, o, gate-up, down:
 the decoder's shapes, the model's dtype, the kernels the engine uses) called on `ROWS` rows,
 each timed best of `REPEATS`; the peak is the best rows' total FLOPs over their total time.
-It is measured in the same run as the workload, so the load on the machine is shared.
+It is measured in the same run as the workload, just before it and just after it, and the
+higher of the two readings is used: the machine's speed moves with its neighbours' load, a
+single reading taken in a slow moment would flatter the workload's share (one such reading
+put a run at 76% "of the peak" while the runs just before and after it read 52-55%), and the
+higher gives the stricter figure.
 
 Workload FLOPs (multiply-adds count 2): every decoder-layer linear for every token the
 decoder computes (each prompt token, and each output token but the last, which is sampled and
@@ -108,10 +112,14 @@ def measure_peak(model: Any, dtype: torch.dtype, device: torch.device) -> dict[s
 
 
 def gemm_share(engine: Any, prompt_lens: list[int], output_lens: list[int],
-               seconds: float) -> dict[str, Any]:
-    """The workload's FLOPs, FLOP/s over `seconds`, the measured peak and the fraction."""
+               seconds: float, peak_before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The workload's FLOPs, FLOP/s over `seconds`, the peak and the fraction. The peak is
+    measured now (after the workload); with `peak_before` (`measure_peak` just before the
+    workload ran) the higher of the two readings is the one used."""
     flops = workload_flops(engine.model, engine.arch, prompt_lens, output_lens)
-    peak = measure_peak(engine.model, engine.dtype, engine.device)
+    after = measure_peak(engine.model, engine.dtype, engine.device)
+    readings = [after] if peak_before is None else [peak_before, after]
+    peak = max(readings, key=lambda r: float(r["flop_per_s"]))
     achieved = flops.total / seconds if seconds > 0 else 0.0
     return {
         "dtype": str(engine.dtype).removeprefix("torch."),
@@ -119,5 +127,6 @@ def gemm_share(engine: Any, prompt_lens: list[int], output_lens: list[int],
         "attention_flops": flops.attention, "seconds": seconds, "flop_per_s": achieved,
         "peak_flop_per_s": peak["flop_per_s"], "peak_rows": peak["rows"],
         "peak_by_rows": peak["by_rows"],
+        "peak_readings_flop_per_s": [r["flop_per_s"] for r in readings],
         "fraction": achieved / peak["flop_per_s"] if peak["flop_per_s"] > 0 else None,
     }

@@ -265,10 +265,15 @@ def _ok(flag: bool) -> str:
 
 def gemm_line(gemm: dict[str, Any], console: Any) -> None:
     """The workload's FLOP/s against the GEMM peak measured in the same run."""
+    readings = gemm.get("peak_readings_flop_per_s") or []
+    when = (" (before / after the run "
+            + " / ".join(f"{r / 1e9:,.1f}" for r in readings) + ", the higher used)"
+            if len(readings) > 1 else "")
     _say(console, f"GEMM peak share ({gemm['dtype']}): {gemm['flops'] / 1e9:,.1f} GFLOP "
                   f"(linears {gemm['linear_flops'] / 1e9:,.1f}, LM head "
                   f"{gemm['lm_head_flops'] / 1e9:,.1f}, attention "
                   f"{gemm['attention_flops'] / 1e9:,.1f}) in {gemm['seconds']:.2f} s = "
                   f"{gemm['flop_per_s'] / 1e9:,.1f} GFLOP/s; the engine's linear at the "
                   f"decoder's shapes peaks at {gemm['peak_flop_per_s'] / 1e9:,.1f} GFLOP/s "
-                  f"({gemm['peak_rows']} rows) -> {gemm['fraction'] or 0:.1%} of the peak")
+                  f"({gemm['peak_rows']} rows){when} -> {gemm['fraction'] or 0:.1%} of the "
+                  "peak")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from plugserve.bench.gemm_peak import gemm_share
+from plugserve.bench.gemm_peak import gemm_share, measure_peak
 from plugserve.bench.runner import new_report
 
 if TYPE_CHECKING:
@@ -157,6 +157,8 @@ def run_workload(
             vocab = int(engine.arch.vocab_size)
             engine.generate([[t % vocab for t in warm_prompt]],
                             SamplingParams(max_new_tokens=1, ignore_eos=True))
+        # The GEMM peak just before the timed run (and again after it, in gemm_share).
+        peak_before = measure_peak(engine.model, engine.dtype, engine.device)
         measured = runner.measure(engine, "plugserve", work.prompts, params)
         vocab = int(engine.arch.vocab_size)
         iterations = [measured] + [
@@ -168,7 +170,7 @@ def run_workload(
         metrics = median.metrics()
         # The workload's share of the machine's GEMM peak, measured now, on this engine.
         report["gemm"] = gemm_share(engine, [len(p) for p in work.prompts], work.max_new,
-                                    float(metrics["seconds"]))
+                                    float(metrics["seconds"]), peak_before)
     run_doc = {**metrics, "settings": {}}
     if more_iterations:
         run_doc["iteration_seconds"] = [m.seconds for m in iterations]

@@ -77,3 +77,25 @@ def test_bf16_peak_is_measured_in_bf16(tiny_model_dir: Path) -> None:
         assert all(layer.self_attn.qkv_proj.weight.dtype == torch.bfloat16
                    for layer in engine.model.decoder_layers)
     assert share["dtype"] == "bfloat16"
+
+
+def test_the_higher_of_two_peak_readings_is_used(tiny_model_dir: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A reading taken before the run that is higher than the one after it is the peak the
+    share is counted against (and a lower one is not), and both are printed."""
+    with Engine(model=str(tiny_model_dir)) as engine:
+        after_only = gemm_share(engine, [20], [4], 0.1)
+        fast = {"flop_per_s": 1e6 * after_only["peak_flop_per_s"], "rows": 7,
+                "by_rows": {"7": 1.0}}
+        slow = {"flop_per_s": 1e-6 * after_only["peak_flop_per_s"], "rows": 7,
+                "by_rows": {"7": 1.0}}
+        high = gemm_share(engine, [20], [4], 0.1, peak_before=fast)
+        low = gemm_share(engine, [20], [4], 0.1, peak_before=slow)
+    assert high["peak_flop_per_s"] == fast["flop_per_s"] and high["peak_rows"] == 7
+    assert high["fraction"] == pytest.approx(high["flop_per_s"] / fast["flop_per_s"])
+    assert high["peak_readings_flop_per_s"][0] == fast["flop_per_s"]
+    assert low["peak_flop_per_s"] == low["peak_readings_flop_per_s"][1] > slow["flop_per_s"]
+    assert after_only["peak_readings_flop_per_s"] == [after_only["peak_flop_per_s"]]
+    gemm_line(high, _console())
+    assert "the higher used" in " ".join(capsys.readouterr().out.split())
+
