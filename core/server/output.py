@@ -1,11 +1,12 @@
 """From engine events to OpenAI documents: incremental text, logprobs, choices, usage.
 
-Text is decoded from all of a choice's tokens each time (so multi-byte characters split
-across tokens come out whole); what was sent is never taken back. While a choice runs, a
-trailing replacement character (an incomplete UTF-8 sequence) and, with stop strings, the
-last `len(longest stop) - 1` characters are held back; the final text is cut at the stop
-string exactly as `Engine.generate` cuts it (kept with `include_stop_str_in_output`), so a
-stream's pieces add up to the same text. With `echo` the prompt's text (and logprobs) comes
+While a choice runs its text grows by a few tokens' decoding per event (`detokenize.py`:
+decoding all of its tokens each time costs time in the square of the stream's length), and
+its final text is decoded from all of its tokens once; what was sent is never taken back.
+While a choice runs, a trailing replacement character (an incomplete UTF-8 sequence) and,
+with stop strings, the last `len(longest stop) - 1` characters are held back; the final
+text is cut at the stop string exactly as `Engine.generate` cuts it (kept with
+`include_stop_str_in_output`), so a stream's pieces add up to the same text. With `echo` the prompt's text (and logprobs) comes
 first: the whole text of a response, the first chunk of a stream.
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plugserve.outputs import cut_at_stop
+from plugserve.server.detokenize import IncrementalText
 from plugserve.server.jobs import Event
 from plugserve.server.logprob_docs import (
     TokenText,
@@ -65,6 +67,7 @@ class Choice:
     cached_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    running_text: IncrementalText | None = None  # made on the first event
 
     def add(self, event: Event) -> Delta:
         """Take one event; the new text, token ids and logprobs it makes sendable."""
@@ -80,15 +83,17 @@ class Choice:
         self.token_ids += new_ids
         self.logprobs += new_lp
         self.top_logprobs += new_top or []
-        text = self.render(self.token_ids) if self.token_ids else ""
         if event.kind == "final":
             self.finish_reason = event.finish_reason
             self.error = event.error
             self.prompt_tokens = event.prompt_tokens or self.prompt_tokens
             self.cached_tokens = event.cached_tokens
+            text = self.render(self.token_ids) if self.token_ids else ""
             text = cut_at_stop(text, event.stop_str, self.include_stop)
         else:
-            text = text.rstrip("\ufffd")
+            if self.running_text is None:
+                self.running_text = IncrementalText(self.render)
+            text = self.running_text.text(self.token_ids).rstrip("\ufffd")
             hold = max((len(s) for s in self.stop), default=1) - 1
             if hold:
                 text = text[: max(len(self.sent_text), len(text) - hold)]
