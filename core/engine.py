@@ -13,6 +13,7 @@ import torch
 
 from plugserve.attention.base import AttentionContext
 from plugserve.config import EngineConfig
+from plugserve.detokenize import IncrementalText
 from plugserve.device import device_problems
 from plugserve.fixes import unknown_reverts
 from plugserve.grammar.base import GrammarCapabilities, GrammarContext
@@ -447,6 +448,10 @@ class Engine:
         reqs = [r for p in parents for r in p.group]
         sent = [0] * len(reqs)
         done = [False] * len(reqs)
+        # Each request's text as its tokens arrive (a few tokens decoded per event), and how
+        # much of it the events have carried: a character split across tokens comes whole.
+        running = [IncrementalText(self.tokenizer.decode) for _ in reqs]
+        shown = [0] * len(reqs)
         sched = self.scheduler
 
         def event(k: int, req: Req, final: bool) -> StreamEvent:
@@ -454,11 +459,17 @@ class Engine:
             sent[k] += len(new)
             done[k] = final
             result = None
+            ids = list(req.output_ids)
             if final:
                 result = self._result(index[k], req)
                 if not req.logprobs_asked:
                     result.logprobs = None
-            return StreamEvent(index[k], new, self.tokenizer.decode(new), final, result,
+                text = self.tokenizer.decode(ids)  # the whole output, decoded once at the end
+            else:
+                text = running[k].text(ids).rstrip("\ufffd")
+            piece = text[shown[k]:]
+            shown[k] = max(shown[k], len(text))
+            return StreamEvent(index[k], new, piece, final, result,
                                sample_index=req.sample_index)
 
         while True:

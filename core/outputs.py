@@ -38,7 +38,10 @@ class GenerateResult:
 class StreamEvent:
     index: int
     token_ids: list[int]  # new tokens since the last event for this request
-    text: str  # decoded text of the new tokens
+    # The text the new tokens add to the output's (decoded with the tokens before them, so
+    # the events' texts add up to the whole output's decoded text, before any stop-string
+    # cut; a character split across tokens comes whole in the event of its last token).
+    text: str
     finished: bool
     result: GenerateResult | None = None  # set on the final event
     sample_index: int = 0  # n > 1: which sample of the prompt (each has its own final event)

@@ -39,6 +39,7 @@ from plugserve.cli.options import (
     engine_config,
     followed_rank_0,
 )
+from plugserve.detokenize import IncrementalText
 
 if TYPE_CHECKING:
     from plugserve.engine import Engine
@@ -90,18 +91,19 @@ def turn_tokens(held: list[int], rendered: str, tokenizer: Tokenizer,
 
 
 class ReplyPrinter:
-    """Text of a reply as its tokens arrive: the whole reply is decoded each time, and an
-    unfinished UTF-8 character (a trailing U+FFFD) or a possible stop string is held back."""
+    """Text of a reply as its tokens arrive (a few tokens decoded per feed:
+    `plugserve.detokenize`); an unfinished UTF-8 character (a trailing U+FFFD) or a possible
+    stop string is held back."""
 
     def __init__(self, decode: Callable[[list[int]], str], holdback: int = 0) -> None:
-        self.decode = decode
+        self.running = IncrementalText(decode)
         self.holdback = holdback
         self.ids: list[int] = []
         self.shown = 0
 
     def feed(self, ids: Sequence[int]) -> str:
         self.ids += ids
-        text = self.decode(self.ids)
+        text = self.running.text(self.ids)
         end = len(text) - self.holdback
         while end > self.shown and text[end - 1] == "\ufffd":
             end -= 1

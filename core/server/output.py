@@ -1,6 +1,6 @@
 """From engine events to OpenAI documents: incremental text, logprobs, choices, usage.
 
-While a choice runs its text grows by a few tokens' decoding per event (`detokenize.py`:
+While a choice runs its text grows by a few tokens' decoding per event (`plugserve.detokenize`:
 decoding all of its tokens each time costs time in the square of the stream's length), and
 its final text is decoded from all of its tokens once; what was sent is never taken back.
 While a choice runs, a trailing replacement character (an incomplete UTF-8 sequence) and,
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from plugserve.detokenize import IncrementalText
 from plugserve.outputs import cut_at_stop
-from plugserve.server.detokenize import IncrementalText
 from plugserve.server.jobs import Event
 from plugserve.server.logprob_docs import (
     TokenText,

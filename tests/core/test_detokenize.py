@@ -1,4 +1,4 @@
-"""The server's running text of a stream (`plugserve.server.detokenize.IncrementalText`):
+"""The running text of a stream (`plugserve.detokenize.IncrementalText`):
 equal to decoding all of the tokens at every step, for byte-level BPE and SentencePiece-style
 tokenizers, while decoding only a few tokens per step."""
 
@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from plugserve.server.detokenize import IncrementalText
+from plugserve.detokenize import IncrementalText
+from plugserve.sampling import SamplingParams
 from plugserve.server.jobs import Event
 from plugserve.server.output import Choice
+from plugserve.testing import EngineTest
 from plugserve.testing.tiny_models import make_tokenizer
 
 TEXTS = [
@@ -92,11 +95,13 @@ def test_a_long_stream_decodes_each_token_a_few_times_only() -> None:
     assert sum(decoded) < 6 * len(ids), sum(decoded)
 
 
-def test_the_ids_may_not_shrink() -> None:
-    running = IncrementalText(lambda ids: "x" * len(ids))
-    running.text([1, 2, 3])
-    with pytest.raises(ValueError, match="shrank from 3 to 1"):
-        running.text([1])
+def test_ids_that_shrank_start_the_decoding_over() -> None:
+    tokenizer = make_tokenizer()
+    ids = tokenizer.encode(TEXTS[2], add_special_tokens=False)
+    running = IncrementalText(lambda i: str(tokenizer.decode(i)))
+    assert running.text(ids) == tokenizer.decode(ids)
+    assert running.text(ids[:3]) == tokenizer.decode(ids[:3])
+    assert running.text(ids[:9]) == tokenizer.decode(ids[:9])
 
 
 @pytest.mark.parametrize("name, tokenizer", _tokenizers())
@@ -116,3 +121,23 @@ def test_a_streamed_choice_adds_up_to_the_whole_text(name: str, tokenizer: Any) 
     whole = tokenizer.decode(ids)
     assert sent == choice.text == whole[: whole.index("brûlée")]
     assert sum(decoded) < 6 * len(ids) + len(ids)  # the windows, and one whole decode at the end
+
+
+class TestEngineStreamText(EngineTest):
+    def test_event_texts_add_up_to_the_decoded_output(self, tiny_model_dir: Path) -> None:
+        """A random tiny model emits byte tokens in any order (characters split across
+        tokens, invalid sequences): each request's event texts add up to its whole output
+        decoded at once (with per-event decoding a character split over two events came out
+        as two U+FFFD)."""
+        prompts = ["a", "bonjour", "数字"]
+        sampling = SamplingParams(max_new_tokens=48, ignore_eos=True, temperature=1.0, seed=3)
+        with self.engine(model=str(tiny_model_dir)) as engine:
+            events = list(engine.stream(prompts, sampling))
+            decode = engine.tokenizer.decode
+        for i in range(len(prompts)):
+            mine = [e for e in events if e.index == i]
+            final = mine[-1]
+            assert final.finished and final.result is not None
+            ids = final.result.token_ids
+            assert len(ids) == 48
+            assert "".join(e.text for e in mine) == decode(ids), i
