@@ -4,13 +4,15 @@ Decoding all of a stream's tokens again for every event costs time in the square
 length: with SmolLM2's tokenizer a 2,000-token stream took 0.75 s of the HTTP process's CPU
 that way (0.85 ms per decode at the end), and 64 such streams would take the server's whole
 core. The server's streams (`server/output.py`), `Engine.stream`'s event texts and `plugserve
-chat`'s printed reply use it. Here (the scheme vLLM and TGI use) each event decodes two short windows that start at
-the same token: the tokens already read since the last stable point (`context`) and those plus
-the new ones (`window`); the text the new tokens add is what `window` has past `context`.
-Starting both at the same token keeps a tokenizer's rules for the start of a text (the
-leading space SentencePiece drops) out of the difference. While the new text ends in an
-incomplete UTF-8 sequence (U+FFFD) the window is not moved on, so a character split across
-tokens comes out whole once its last byte arrives.
+chat`'s printed reply use this instead.
+
+Here (the scheme vLLM and TGI use) each event decodes two short windows that start at the
+same token: the tokens read since the last stable point (`context`) and those plus the new
+ones (`window`); the text the new tokens add is what `window` has past `context`. Starting
+both at the same token keeps a tokenizer's rules for the start of a text (the leading space
+SentencePiece drops) out of the difference. While the new text ends in an incomplete UTF-8
+sequence (U+FFFD) the window is not moved on, so a character split across tokens comes out
+whole once its last byte arrives.
 """
 
 from __future__ import annotations

@@ -459,14 +459,14 @@ class Engine:
             sent[k] += len(new)
             done[k] = final
             result = None
-            ids = list(req.output_ids)
             if final:
                 result = self._result(index[k], req)
                 if not req.logprobs_asked:
                     result.logprobs = None
-                text = self.tokenizer.decode(ids)  # the whole output, decoded once at the end
+                # The whole output, decoded once at the end.
+                text = self.tokenizer.decode(list(req.output_ids))
             else:
-                text = running[k].text(ids).rstrip("\ufffd")
+                text = running[k].text(req.output_ids).rstrip("\ufffd")
             piece = text[shown[k]:]
             shown[k] = max(shown[k], len(text))
             return StreamEvent(index[k], new, piece, final, result,

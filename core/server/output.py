@@ -1,13 +1,14 @@
 """From engine events to OpenAI documents: incremental text, logprobs, choices, usage.
 
-While a choice runs its text grows by a few tokens' decoding per event (`plugserve.detokenize`:
-decoding all of its tokens each time costs time in the square of the stream's length), and
-its final text is decoded from all of its tokens once; what was sent is never taken back.
-While a choice runs, a trailing replacement character (an incomplete UTF-8 sequence) and,
-with stop strings, the last `len(longest stop) - 1` characters are held back; the final
-text is cut at the stop string exactly as `Engine.generate` cuts it (kept with
-`include_stop_str_in_output`), so a stream's pieces add up to the same text. With `echo` the prompt's text (and logprobs) comes
-first: the whole text of a response, the first chunk of a stream.
+While a choice runs its text grows by a few tokens' decoding per event
+(`plugserve.detokenize`: decoding all of its tokens each time costs time in the square of
+the stream's length), and its final text is decoded from all of its tokens once; what was
+sent is never taken back. While a choice runs, a trailing replacement character (an
+incomplete UTF-8 sequence) and, with stop strings, the last `len(longest stop) - 1`
+characters are held back; the final text is cut at the stop string exactly as
+`Engine.generate` cuts it (kept with `include_stop_str_in_output`), so a stream's pieces add
+up to the same text. With `echo` the prompt's text (and logprobs) comes first: the whole
+text of a response, the first chunk of a stream.
 """
 
 from __future__ import annotations
