@@ -108,7 +108,7 @@ def test_ids_that_shrank_start_the_decoding_over() -> None:
 def test_a_streamed_choice_adds_up_to_the_whole_text(name: str, tokenizer: Any) -> None:
     """Choice.add's deltas (held back at stop strings, incomplete characters) add up to the
     final text, which is the whole decode cut at the stop string."""
-    text = TEXTS[1] + " " + TEXTS[0][: TEXTS[0].index("brûlée") + len("brûlée")]
+    text = (TEXTS[1] + " ") * 4 + TEXTS[0][: TEXTS[0].index("brûlée") + len("brûlée")]
     ids = tokenizer.encode(text, add_special_tokens=False)  # the engine stops at the stop text
     render, decoded = _counting(tokenizer)
     choice = Choice(0, render, stop=("brûlée",))
