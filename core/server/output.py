@@ -68,7 +68,10 @@ class Choice:
     cached_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
-    running_text: IncrementalText | None = None  # made on the first event
+    running_text: IncrementalText = field(init=False, repr=False)  # of token_ids, as they grow
+
+    def __post_init__(self) -> None:
+        self.running_text = IncrementalText(self.render)
 
     def add(self, event: Event) -> Delta:
         """Take one event; the new text, token ids and logprobs it makes sendable."""
@@ -92,8 +95,6 @@ class Choice:
             text = self.render(self.token_ids) if self.token_ids else ""
             text = cut_at_stop(text, event.stop_str, self.include_stop)
         else:
-            if self.running_text is None:
-                self.running_text = IncrementalText(self.render)
             text = self.running_text.text(self.token_ids).rstrip("\ufffd")
             hold = max((len(s) for s in self.stop), default=1) - 1
             if hold:
