@@ -124,14 +124,16 @@ def test_a_streamed_choice_adds_up_to_the_whole_text(name: str, tokenizer: Any) 
 
 
 class TestEngineStreamText(EngineTest):
-    def test_event_texts_add_up_to_the_decoded_output(self, tiny_model_dir: Path) -> None:
+    @pytest.mark.parametrize("overlap", [False, True])
+    def test_event_texts_add_up_to_the_decoded_output(self, tiny_model_dir: Path,
+                                                      overlap: bool) -> None:
         """A random tiny model emits byte tokens in any order (characters split across
         tokens, invalid sequences): each request's event texts add up to its whole output
         decoded at once (with per-event decoding a character split over two events came out
         as two U+FFFD)."""
         prompts = ["a", "bonjour", "数字"]
         sampling = SamplingParams(max_new_tokens=48, ignore_eos=True, temperature=1.0, seed=3)
-        with self.engine(model=str(tiny_model_dir)) as engine:
+        with self.engine(model=str(tiny_model_dir), overlap=overlap) as engine:
             events = list(engine.stream(prompts, sampling))
             decode = engine.tokenizer.decode
         for i in range(len(prompts)):
