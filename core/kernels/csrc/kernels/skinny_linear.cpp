@@ -4,8 +4,8 @@
 // element is used once per row. GEMM libraries tile for large products and, for 2..16 rows,
 // reach a fraction of the memory bandwidth. Here each thread streams its share of the weight
 // rows exactly once, in long contiguous runs (work_share.h), four rows at a time (prefetching
-// 8 KiB ahead, pvec.h's prefetch_stream), and multiplies every block of them by all rows of x while it sits in
-// registers and L1 (x itself is small and stays in cache).
+// 8 KiB ahead, pvec.h's prefetch_stream), and multiplies every block of them by all rows of x
+// while it sits in registers and L1 (x itself is small and stays in cache).
 //
 // float32: products and sums are float32 FMAs. bfloat16 weights are read as bf16, half the
 // bytes of float32, and widened in registers (a 16-bit shift); x is widened once per call, and
@@ -212,12 +212,11 @@ std::vector<float> pair_permuted(const float* x, int64_t M, int64_t K) {
 
 // One row of x (batch-1 decode) times the block's bf16 weight rows one row after another:
 // the block is contiguous, so this reads it as one stream, where the MR > 1 tile walks its
-// rows side by side (four streams 2 KiB or less apart, which a row-at-a-time hardware
-// prefetcher follows worse). Two lines per step, four accumulators (two dependent FMAs a
-// line otherwise bound the loop by their latency). Measured on two Cascade Lake cores,
-// batch-1 bf16 decode of SmolLM2-135M, best of three 128-token runs, alternated: 15.9-16.3
-// -> 15.2-15.6 ms per step (both with prefetch_stream into L1); on the avx2 copy there
-// 16.0-16.7 (side by side) -> 15.6-16.6 with it and without the L1 prefetch.
+// rows side by side (four streams a row apart, which the hardware prefetchers follow worse).
+// Two lines per step, four accumulators (two dependent FMAs a line otherwise bound the loop
+// by their latency). Measured on two Cascade Lake cores, batch-1 bf16 decode of
+// SmolLM2-135M, best of three 128-token runs, alternated: 15.5-16.3 -> 15.2-15.6 ms per step
+// (both prefetching into L1); the avx2 copy there, prefetching into L2: 16.3-17.3 -> 16.0-16.7.
 inline void rows_bf16_pairs_one_x(const float* __restrict x, const BF16* const* w_rows,
                                   int64_t K, float* sums, const char* prefetch_stop) {
   constexpr int64_t kLineValues = 64 / static_cast<int64_t>(sizeof(BF16));
