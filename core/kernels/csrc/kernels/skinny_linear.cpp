@@ -191,6 +191,17 @@ inline float pair_sum(PairVec v) {
 constexpr int64_t kPairLanes = static_cast<int64_t>(sizeof(PairVec) / 4);
 constexpr int64_t kPairStep = 2 * kPairLanes;  // bf16 values per vector of pairs
 
+// The line of row `r` kPrefetchBytes past its value k asked for, once per cache line of the
+// row (a vector of pairs is a whole line with AVX-512, half of one with AVX2), none at or past
+// `stop` (none at all without one), as in `tile`.
+inline void ask_pairs_ahead(const BF16* r, int64_t k, const char* stop) {
+  constexpr int64_t kLineValues = 64 / static_cast<int64_t>(sizeof(BF16));
+  constexpr int64_t kLineMask = kPairStep >= kLineValues ? 0 : kLineValues - 1;
+  if (stop == nullptr || (k & kLineMask) != 0) return;
+  const char* ahead = reinterpret_cast<const char*>(r + k) + kPrefetchBytes;
+  if (ahead < stop) prefetch_stream(ahead);
+}
+
 // x [M, K] float32 with every whole chunk of kPairStep values permuted (evens, then odds);
 // the tail past the last whole chunk as it is.
 std::vector<float> pair_permuted(const float* x, int64_t M, int64_t K) {
@@ -219,22 +230,14 @@ std::vector<float> pair_permuted(const float* x, int64_t M, int64_t K) {
 // (both prefetching into L1); the avx2 copy there, prefetching into L2: 16.3-17.3 -> 16.0-16.7.
 inline void rows_bf16_pairs_one_x(const float* __restrict x, const BF16* const* w_rows,
                                   int64_t K, float* sums, const char* prefetch_stop) {
-  constexpr int64_t kLineValues = 64 / static_cast<int64_t>(sizeof(BF16));
-  constexpr int64_t kLineMask = kPairStep >= kLineValues ? 0 : kLineValues - 1;
   const int64_t full = K - K % kPairStep;
-  auto ask_ahead = [&](const BF16* r, int64_t k) {
-    if (prefetch_stop != nullptr && (k & kLineMask) == 0) {
-      const char* ahead = reinterpret_cast<const char*>(r + k) + kPrefetchBytes;
-      if (ahead < prefetch_stop) prefetch_stream(ahead);
-    }
-  };
   for (int j = 0; j < kRowsPerBlock; ++j) {
     const BF16* r = w_rows[j];
     PairVec a0 = pair_zero(), a1 = pair_zero(), a2 = pair_zero(), a3 = pair_zero();
     int64_t k = 0;
     for (; k + 2 * kPairStep <= full; k += 2 * kPairStep) {
-      ask_ahead(r, k);
-      ask_ahead(r, k + kPairStep);
+      ask_pairs_ahead(r, k, prefetch_stop);
+      ask_pairs_ahead(r, k + kPairStep, prefetch_stop);
       const PairBits w0 = load_pairs(r + k), w1 = load_pairs(r + k + kPairStep);
       a0 = pair_fma(pair_load_x(x + k), even_values(w0), a0);
       a1 = pair_fma(pair_load_x(x + k + kPairLanes), odd_values(w0), a1);
@@ -242,7 +245,7 @@ inline void rows_bf16_pairs_one_x(const float* __restrict x, const BF16* const* 
       a3 = pair_fma(pair_load_x(x + k + kPairStep + kPairLanes), odd_values(w1), a3);
     }
     if (k < full) {  // one vector of pairs left
-      ask_ahead(r, k);
+      ask_pairs_ahead(r, k, prefetch_stop);
       const PairBits w0 = load_pairs(r + k);
       a0 = pair_fma(pair_load_x(x + k), even_values(w0), a0);
       a1 = pair_fma(pair_load_x(x + k + kPairLanes), odd_values(w0), a1);
@@ -273,17 +276,9 @@ inline void tile_bf16_pairs(const float* __restrict x, int64_t x_stride,
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < kRowsPerBlock; ++j) acc[i][j] = pair_zero();
-  // One prefetch per cache line of each row, as in `tile`.
-  constexpr int64_t kLineValues = 64 / static_cast<int64_t>(sizeof(BF16));
-  constexpr int64_t kLineMask = kPairStep >= kLineValues ? 0 : kLineValues - 1;
   const int64_t full = K - K % kPairStep;
   for (int64_t k = 0; k < full; k += kPairStep) {
-    if (prefetch_stop != nullptr && (k & kLineMask) == 0) {
-      for (int j = 0; j < kRowsPerBlock; ++j) {
-        const char* ahead = reinterpret_cast<const char*>(w_rows[j] + k) + kPrefetchBytes;
-        if (ahead < prefetch_stop) prefetch_stream(ahead);
-      }
-    }
+    for (int j = 0; j < kRowsPerBlock; ++j) ask_pairs_ahead(w_rows[j], k, prefetch_stop);
     PairBits w[kRowsPerBlock];
 #pragma GCC unroll 4
     for (int j = 0; j < kRowsPerBlock; ++j) w[j] = load_pairs(w_rows[j] + k);
