@@ -35,6 +35,51 @@ constexpr int kXRows = kRegisters >= 32 ? 4 : 2;
 // Xeons faster than into L2: pvec.h's prefetch_stream picks by vendor.
 constexpr int64_t kPrefetchBytes = 8192;
 
+// A block's sums (its n_valid rows) plus bias, rounded to TO, into one row of the output.
+template <typename TO>
+inline void write_sums(const float* sums, const float* bias, int64_t n0, int64_t n_valid,
+                       TO* out) {
+  for (int j = 0; j < n_valid; ++j)
+    out[n0 + j] = from_float<TO>(sums[j] + (bias != nullptr ? bias[n0 + j] : 0.0f));
+}
+
+// One row of x (batch-1 decode) times the block's weight rows one row after another: the
+// block is contiguous, so this reads it as one stream, where the tile below walks its four
+// rows side by side (four streams a row apart, which the hardware prefetchers follow worse;
+// with more rows of x the tile's reuse of each weight vector is worth it). Four accumulators
+// of kWidth values each per row. Measured on two Zen 3 cores (avx2 copy), float32: the LM
+// head's GEMV 23.2 -> 26.9 GB/s (medians of 10 alternations), the batch-1 decode step of
+// SmolLM2-135M 24.4 -> 22.4 ms (medians of 10 alternated 64-token runs).
+template <typename TW>
+inline void rows_one_x(const float* __restrict x, const TW* const* w_rows, int64_t K,
+                       float* sums, const char* prefetch_stop) {
+  constexpr int64_t kStep = 4 * kWidth;  // values per step
+  constexpr int64_t kStepBytes = kStep * static_cast<int64_t>(sizeof(TW));
+  static_assert(kStepBytes % 64 == 0, "a step covers whole cache lines");
+  const int64_t full = K - K % kStep;
+  for (int j = 0; j < kRowsPerBlock; ++j) {
+    const TW* r = w_rows[j];
+    F a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
+    int64_t k = 0;
+    for (; k < full; k += kStep) {
+      if (prefetch_stop != nullptr) {  // every line of the step's, kPrefetchBytes on
+#pragma GCC unroll 4
+        for (int64_t line = 0; line < kStepBytes; line += 64) {
+          const char* ahead = reinterpret_cast<const char*>(r + k) + line + kPrefetchBytes;
+          if (ahead < prefetch_stop) prefetch_stream(ahead);
+        }
+      }
+      a0 = fmadd(F::loadu(x + k), load(r + k), a0);
+      a1 = fmadd(F::loadu(x + k + kWidth), load(r + k + kWidth), a1);
+      a2 = fmadd(F::loadu(x + k + 2 * kWidth), load(r + k + 2 * kWidth), a2);
+      a3 = fmadd(F::loadu(x + k + 3 * kWidth), load(r + k + 3 * kWidth), a3);
+    }
+    for (; k + kWidth <= K; k += kWidth) a0 = fmadd(F::loadu(x + k), load(r + k), a0);
+    if (k < K) a1 = fmadd(F::loadu(x + k, K - k), load_n(r + k, K - k), a1);
+    sums[j] = hsum((a0 + a1) + (a2 + a3));
+  }
+}
+
 // One tile: MR rows of x (float32) times kRowsPerBlock rows of w over all of K, plus bias,
 // rounded to TO into out. Accumulators are an array indexed by constants in fully unrolled
 // loops, which GCC keeps in registers.
@@ -42,6 +87,12 @@ template <typename TW, typename TO, int MR>
 inline void tile(const float* __restrict x, int64_t x_stride, const TW* const* w_rows,
                  int64_t K, const float* bias, int64_t n0, int64_t n_valid, TO* __restrict out,
                  int64_t out_stride, const char* prefetch_stop) {
+  if constexpr (MR == 1) {
+    float sums[kRowsPerBlock];
+    rows_one_x(x, w_rows, K, sums, prefetch_stop);
+    write_sums(sums, bias, n0, n_valid, out);
+    return;
+  }
   Reg acc[MR][kRowsPerBlock];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
@@ -91,12 +142,7 @@ inline void tile(const float* __restrict x, int64_t x_stride, const TW* const* w
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < kRowsPerBlock; ++j) sums[i][j] = hsum(F(acc[i][j]));
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < n_valid; ++j) {
-      const float y = sums[i][j] + (bias != nullptr ? bias[n0 + j] : 0.0f);
-      out[i * out_stride + n0 + j] = from_float<TO>(y);
-    }
-  }
+  for (int i = 0; i < MR; ++i) write_sums(sums[i], bias, n0, n_valid, out + i * out_stride);
 }
 
 #if defined(__AVX512BF16__)
@@ -138,12 +184,7 @@ inline void tile_bf16_dot(const BF16* __restrict x, int64_t x_stride, const BF16
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < kRowsPerBlock; ++j) sums[i][j] = _mm512_reduce_add_ps(acc[i][j]);
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < n_valid; ++j) {
-      const float y = sums[i][j] + (bias != nullptr ? bias[n0 + j] : 0.0f);
-      out[i * out_stride + n0 + j] = from_float<BF16>(y);
-    }
-  }
+  for (int i = 0; i < MR; ++i) write_sums(sums[i], bias, n0, n_valid, out + i * out_stride);
 }
 #endif
 
@@ -265,10 +306,7 @@ inline void tile_bf16_pairs(const float* __restrict x, int64_t x_stride,
   if constexpr (MR == 1) {
     float sums[kRowsPerBlock];
     rows_bf16_pairs_one_x(x, w_rows, K, sums, prefetch_stop);
-    for (int j = 0; j < n_valid; ++j) {
-      const float y = sums[j] + (bias != nullptr ? bias[n0 + j] : 0.0f);
-      out[n0 + j] = from_float<BF16>(y);
-    }
+    write_sums(sums, bias, n0, n_valid, out);
     return;
   }
   PairVec acc[MR][kRowsPerBlock];
@@ -303,12 +341,7 @@ inline void tile_bf16_pairs(const float* __restrict x, int64_t x_stride,
       for (int j = 0; j < kRowsPerBlock; ++j)
         sums[i][j] += x[i * x_stride + k] * to_float(w_rows[j][k]);
   }
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < n_valid; ++j) {
-      const float y = sums[i][j] + (bias != nullptr ? bias[n0 + j] : 0.0f);
-      out[i * out_stride + n0 + j] = from_float<BF16>(y);
-    }
-  }
+  for (int i = 0; i < MR; ++i) write_sums(sums[i], bias, n0, n_valid, out + i * out_stride);
 }
 #endif
 

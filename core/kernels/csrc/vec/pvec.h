@@ -187,9 +187,25 @@ inline float hmax(F v) {
 }
 
 // ---- prefetch ---------------------------------------------------------------------------
-inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
-inline void prefetch_l1(const void* p) { __builtin_prefetch(p, 0, 3); }
-inline void prefetch_far(const void* p) { __builtin_prefetch(p, 0, 1); }
+// Every prefetch goes through these three. GCC counts __builtin_prefetch as no effect at all:
+// a function whose only work is prefetching is taken for `pure`, and a call to it whose
+// (void) result is unused is deleted wherever the function was not inlined first. That
+// happened to a small helper (the bf16 pair walk's, split in two by GCC's function splitting:
+// the avx2 copy's bf16 batch-1 decode had no prefetch at all, and the AMX strips lost theirs).
+// The empty asm statement, volatile, is an effect GCC must keep, so no caller loses a prefetch
+// to that analysis; it emits no instruction. (Clang gives prefetches an effect of their own.)
+inline void prefetch_l2(const void* p) {
+  __builtin_prefetch(p, 0, 2);
+  asm volatile("" : : "r"(p));
+}
+inline void prefetch_l1(const void* p) {
+  __builtin_prefetch(p, 0, 3);
+  asm volatile("" : : "r"(p));
+}
+inline void prefetch_far(const void* p) {
+  __builtin_prefetch(p, 0, 1);
+  asm volatile("" : : "r"(p));
+}
 
 // A dense weight stream read once, asked for a few KiB ahead of its loads (skinny_linear.cpp):
 // into L1 on Intel CPUs, into L2 on the others. Measured on two Cascade Lake cores (batch-1
