@@ -42,6 +42,19 @@ def test_matches_float64(rows: int, n_in: int, n_out: int, bias: bool) -> None:
     torch.testing.assert_close(out, ref, atol=float(tol) * 4, rtol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [2, 3, 4, 5])
+@pytest.mark.parametrize("n_in,n_out", [(576, 960), (33, 13), (70, 257)])
+def test_float32_row_alone_equals_it_in_a_batch(rows: int, n_in: int, n_out: int) -> None:
+    """One row of x takes its own walk (each weight block's rows one after another), more
+    rows the register tiles: every row's sums are added in the same order, so its float32
+    result is bitwise the same alone as beside others (n > 1 samples of one prompt, a
+    request alone or in a batch)."""
+    x, w, b = _case(rows, n_in, n_out, True, seed=rows + n_in)
+    together = sk.skinny_linear(x, w, b)
+    for i in range(rows):
+        assert torch.equal(sk.skinny_linear(x[i : i + 1], w, b)[0], together[i]), i
+
+
 # n_in also covers an odd count of whole pair vectors for the one-row walk (two per step):
 # 33 and 97 on AVX-512 (one and three of 32 values), 80 on AVX2 (five of 16).
 @pytest.mark.parametrize("rows", [1, 2, 3, 5])

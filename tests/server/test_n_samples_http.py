@@ -139,9 +139,14 @@ def test_echo_with_n_gives_every_choice_the_prompt_logprobs(server: BackgroundSe
     first, second = out.choices
     assert first.text == second.text and first.text.startswith(PROMPTS[1])
     assert first.logprobs is not None and second.logprobs is not None
-    assert first.logprobs.token_logprobs == second.logprobs.token_logprobs
-    assert first.logprobs.token_logprobs[0] is None
-    assert all(v is not None for v in first.logprobs.token_logprobs[1:])
+    assert first.logprobs.text_offset == second.logprobs.text_offset
+    prompt_len = sum(1 for at in first.logprobs.text_offset if at < len(PROMPTS[1]))
+    ones, twos = first.logprobs.token_logprobs, second.logprobs.token_logprobs
+    assert ones[:prompt_len] == twos[:prompt_len]  # the prompt's: the parent's, shared
+    assert ones[0] is None and all(v is not None for v in ones[1:] + twos[1:])
+    # The sampled tokens' logprobs come from each sample's own forward (the fork computes its
+    # last prompt token in a step of its own, where other kernels may add in another order).
+    assert ones[prompt_len:] == pytest.approx(twos[prompt_len:], abs=1e-4)
 
 
 def test_stream_closed_mid_way_aborts_every_sample(server: BackgroundServer) -> None:

@@ -46,37 +46,33 @@ inline void write_sums(const float* sums, const float* bias, int64_t n0, int64_t
 // One row of x (batch-1 decode) times the block's weight rows one row after another: the
 // block is contiguous, so this reads it as one stream, where the tile below walks its four
 // rows side by side (four streams a row apart, which the hardware prefetchers follow worse;
-// with more rows of x the tile's reuse of each weight vector is worth it). Four accumulators
-// of kWidth values each per row. Measured on two Zen 3 cores (avx2 copy), float32: the LM
-// head's GEMV 23.2 -> 26.9 GB/s (medians of 10 alternations), the batch-1 decode step of
-// SmolLM2-135M 24.4 -> 22.4 ms (medians of 10 alternated 64-token runs).
+// with more rows of x the tile's reuse of each weight vector is worth it). Each row's sum is
+// added in exactly the tile's order (one accumulator, k ascending, the same tail and
+// horizontal sum), so a row's float32 result does not depend on how many rows of x came
+// with it (a request's logits are the same alone and in a batch). One FMA chain per row
+// still outruns the memory: 32 bytes per FMA latency on AVX2. Measured on two Zen 3 cores
+// (avx2 copy), float32, the tile before against this walk, alternated processes: the LM
+// head's GEMV (49,152 x 576) 22.4 / 22.8 / 18.1 -> 30.9 / 27.4 / 24.8 GB/s (a walk with four
+// accumulators a row read 25.8 / 30.6 / 21.2 beside them), the batch-1 decode step of
+// SmolLM2-135M 22.27 / 25.23 / 22.56 -> 20.95 / 21.48 / 21.10 ms (best of four 64-token runs).
 template <typename TW>
 inline void rows_one_x(const float* __restrict x, const TW* const* w_rows, int64_t K,
                        float* sums, const char* prefetch_stop) {
-  constexpr int64_t kStep = 4 * kWidth;  // values per step
-  constexpr int64_t kStepBytes = kStep * static_cast<int64_t>(sizeof(TW));
-  static_assert(kStepBytes % 64 == 0, "a step covers whole cache lines");
-  const int64_t full = K - K % kStep;
+  constexpr int64_t kLineValues = 64 / static_cast<int64_t>(sizeof(TW));
+  constexpr int64_t kLineMask = kWidth >= kLineValues ? 0 : kLineValues - 1;
+  const int64_t full = K - K % kWidth;
   for (int j = 0; j < kRowsPerBlock; ++j) {
     const TW* r = w_rows[j];
-    F a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
-    int64_t k = 0;
-    for (; k < full; k += kStep) {
-      if (prefetch_stop != nullptr) {  // every line of the step's, kPrefetchBytes on
-#pragma GCC unroll 4
-        for (int64_t line = 0; line < kStepBytes; line += 64) {
-          const char* ahead = reinterpret_cast<const char*>(r + k) + line + kPrefetchBytes;
-          if (ahead < prefetch_stop) prefetch_stream(ahead);
-        }
+    Reg acc = F(0.0f);
+    for (int64_t k = 0; k < full; k += kWidth) {
+      if (prefetch_stop != nullptr && (k & kLineMask) == 0) {  // once a line, as in `tile`
+        const char* ahead = reinterpret_cast<const char*>(r + k) + kPrefetchBytes;
+        if (ahead < prefetch_stop) prefetch_stream(ahead);
       }
-      a0 = fmadd(F::loadu(x + k), load(r + k), a0);
-      a1 = fmadd(F::loadu(x + k + kWidth), load(r + k + kWidth), a1);
-      a2 = fmadd(F::loadu(x + k + 2 * kWidth), load(r + k + 2 * kWidth), a2);
-      a3 = fmadd(F::loadu(x + k + 3 * kWidth), load(r + k + 3 * kWidth), a3);
+      acc = fmadd(F::loadu(x + k), load(r + k), acc);
     }
-    for (; k + kWidth <= K; k += kWidth) a0 = fmadd(F::loadu(x + k), load(r + k), a0);
-    if (k < K) a1 = fmadd(F::loadu(x + k, K - k), load_n(r + k, K - k), a1);
-    sums[j] = hsum((a0 + a1) + (a2 + a3));
+    if (full < K) acc = fmadd(F::loadu(x + full, K - full), load_n(r + full, K - full), acc);
+    sums[j] = hsum(F(acc));
   }
 }
 
