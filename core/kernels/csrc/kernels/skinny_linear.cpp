@@ -48,8 +48,8 @@ inline void write_sums(const float* sums, const float* bias, int64_t n0, int64_t
 // rows side by side (four streams a row apart, which the hardware prefetchers follow worse;
 // with more rows of x the tile's reuse of each weight vector is worth it). Each row's sum is
 // added in exactly the tile's order (one accumulator, k ascending, the same tail and
-// horizontal sum), so a row's float32 result does not depend on how many rows of x came
-// with it (a request's logits are the same alone and in a batch). One FMA chain per row
+// horizontal sum), so a row's float32 result does not depend on how many rows of x (up to
+// the few this kernel takes) came with it. One FMA chain per row
 // still outruns the memory: 32 bytes per FMA latency on AVX2. Measured on two Zen 3 cores
 // (avx2 copy), float32, the tile before against this walk, alternated processes: the LM
 // head's GEMV (49,152 x 576) 22.4 / 22.8 / 18.1 -> 30.9 / 27.4 / 24.8 GB/s (a walk with four
