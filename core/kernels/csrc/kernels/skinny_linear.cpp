@@ -43,6 +43,18 @@ inline void write_sums(const float* sums, const float* bias, int64_t n0, int64_t
     out[n0 + j] = from_float<TO>(sums[j] + (bias != nullptr ? bias[n0 + j] : 0.0f));
 }
 
+// The line of row `r` kPrefetchBytes past its value k asked for, once per cache line of the
+// row in a walk of kStep values a step (every step when a step covers a line or more), none
+// at or past `stop` (none at all without one), as in `tile`.
+template <int64_t kStep, typename TW>
+inline void ask_line_ahead(const TW* r, int64_t k, const char* stop) {
+  constexpr int64_t kLineValues = 64 / static_cast<int64_t>(sizeof(TW));
+  constexpr int64_t kLineMask = kStep >= kLineValues ? 0 : kLineValues - 1;
+  if (stop == nullptr || (k & kLineMask) != 0) return;
+  const char* ahead = reinterpret_cast<const char*>(r + k) + kPrefetchBytes;
+  if (ahead < stop) prefetch_stream(ahead);
+}
+
 // One row of x (batch-1 decode) times the block's weight rows one row after another: the
 // block is contiguous, so this reads it as one stream, where the tile below walks its four
 // rows side by side (four streams a row apart, which the hardware prefetchers follow worse;
@@ -58,17 +70,12 @@ inline void write_sums(const float* sums, const float* bias, int64_t n0, int64_t
 template <typename TW>
 inline void rows_one_x(const float* __restrict x, const TW* const* w_rows, int64_t K,
                        float* sums, const char* prefetch_stop) {
-  constexpr int64_t kLineValues = 64 / static_cast<int64_t>(sizeof(TW));
-  constexpr int64_t kLineMask = kWidth >= kLineValues ? 0 : kLineValues - 1;
   const int64_t full = K - K % kWidth;
   for (int j = 0; j < kRowsPerBlock; ++j) {
     const TW* r = w_rows[j];
     Reg acc = F(0.0f);
     for (int64_t k = 0; k < full; k += kWidth) {
-      if (prefetch_stop != nullptr && (k & kLineMask) == 0) {  // once a line, as in `tile`
-        const char* ahead = reinterpret_cast<const char*>(r + k) + kPrefetchBytes;
-        if (ahead < prefetch_stop) prefetch_stream(ahead);
-      }
+      ask_line_ahead<kWidth>(r, k, prefetch_stop);
       acc = fmadd(F::loadu(x + k), load(r + k), acc);
     }
     if (full < K) acc = fmadd(F::loadu(x + full, K - full), load_n(r + full, K - full), acc);
@@ -228,17 +235,6 @@ inline float pair_sum(PairVec v) {
 constexpr int64_t kPairLanes = static_cast<int64_t>(sizeof(PairVec) / 4);
 constexpr int64_t kPairStep = 2 * kPairLanes;  // bf16 values per vector of pairs
 
-// The line of row `r` kPrefetchBytes past its value k asked for, once per cache line of the
-// row (a vector of pairs is a whole line with AVX-512, half of one with AVX2), none at or past
-// `stop` (none at all without one), as in `tile`.
-inline void ask_pairs_ahead(const BF16* r, int64_t k, const char* stop) {
-  constexpr int64_t kLineValues = 64 / static_cast<int64_t>(sizeof(BF16));
-  constexpr int64_t kLineMask = kPairStep >= kLineValues ? 0 : kLineValues - 1;
-  if (stop == nullptr || (k & kLineMask) != 0) return;
-  const char* ahead = reinterpret_cast<const char*>(r + k) + kPrefetchBytes;
-  if (ahead < stop) prefetch_stream(ahead);
-}
-
 // x [M, K] float32 with every whole chunk of kPairStep values permuted (evens, then odds);
 // the tail past the last whole chunk as it is.
 std::vector<float> pair_permuted(const float* x, int64_t M, int64_t K) {
@@ -273,8 +269,8 @@ inline void rows_bf16_pairs_one_x(const float* __restrict x, const BF16* const* 
     PairVec a0 = pair_zero(), a1 = pair_zero(), a2 = pair_zero(), a3 = pair_zero();
     int64_t k = 0;
     for (; k + 2 * kPairStep <= full; k += 2 * kPairStep) {
-      ask_pairs_ahead(r, k, prefetch_stop);
-      ask_pairs_ahead(r, k + kPairStep, prefetch_stop);
+      ask_line_ahead<kPairStep>(r, k, prefetch_stop);
+      ask_line_ahead<kPairStep>(r, k + kPairStep, prefetch_stop);
       const PairBits w0 = load_pairs(r + k), w1 = load_pairs(r + k + kPairStep);
       a0 = pair_fma(pair_load_x(x + k), even_values(w0), a0);
       a1 = pair_fma(pair_load_x(x + k + kPairLanes), odd_values(w0), a1);
@@ -282,7 +278,7 @@ inline void rows_bf16_pairs_one_x(const float* __restrict x, const BF16* const* 
       a3 = pair_fma(pair_load_x(x + k + kPairStep + kPairLanes), odd_values(w1), a3);
     }
     if (k < full) {  // one vector of pairs left
-      ask_pairs_ahead(r, k, prefetch_stop);
+      ask_line_ahead<kPairStep>(r, k, prefetch_stop);
       const PairBits w0 = load_pairs(r + k);
       a0 = pair_fma(pair_load_x(x + k), even_values(w0), a0);
       a1 = pair_fma(pair_load_x(x + k + kPairLanes), odd_values(w0), a1);
@@ -312,7 +308,8 @@ inline void tile_bf16_pairs(const float* __restrict x, int64_t x_stride,
     for (int j = 0; j < kRowsPerBlock; ++j) acc[i][j] = pair_zero();
   const int64_t full = K - K % kPairStep;
   for (int64_t k = 0; k < full; k += kPairStep) {
-    for (int j = 0; j < kRowsPerBlock; ++j) ask_pairs_ahead(w_rows[j], k, prefetch_stop);
+    for (int j = 0; j < kRowsPerBlock; ++j)
+      ask_line_ahead<kPairStep>(w_rows[j], k, prefetch_stop);
     PairBits w[kRowsPerBlock];
 #pragma GCC unroll 4
     for (int j = 0; j < kRowsPerBlock; ++j) w[j] = load_pairs(w_rows[j] + k);

@@ -194,18 +194,14 @@ inline float hmax(F v) {
 // the avx2 copy's bf16 batch-1 decode had no prefetch at all, and the AMX strips lost theirs).
 // The empty asm statement, volatile, is an effect GCC must keep, so no caller loses a prefetch
 // to that analysis; it emits no instruction. (Clang gives prefetches an effect of their own.)
-inline void prefetch_l2(const void* p) {
-  __builtin_prefetch(p, 0, 2);
+template <int kLocality>  // __builtin_prefetch's hint: 3 = L1, 2 = L2, 1 = the lowest
+inline void prefetch_kept(const void* p) {
+  __builtin_prefetch(p, 0, kLocality);
   asm volatile("" : : "r"(p));
 }
-inline void prefetch_l1(const void* p) {
-  __builtin_prefetch(p, 0, 3);
-  asm volatile("" : : "r"(p));
-}
-inline void prefetch_far(const void* p) {
-  __builtin_prefetch(p, 0, 1);
-  asm volatile("" : : "r"(p));
-}
+inline void prefetch_l2(const void* p) { prefetch_kept<2>(p); }
+inline void prefetch_l1(const void* p) { prefetch_kept<3>(p); }
+inline void prefetch_far(const void* p) { prefetch_kept<1>(p); }
 
 // A dense weight stream read once, asked for a few KiB ahead of its loads (skinny_linear.cpp):
 // into L1 on Intel CPUs, into L2 on the others. Measured on two Cascade Lake cores (batch-1
