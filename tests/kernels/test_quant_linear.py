@@ -126,6 +126,21 @@ def test_few_rows_matches_reference(name: str, activations: Activations,
             _check(ql.few_rows(x, w, b, activations), x, w, b, activations)
 
 
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("activations", ["int8", "float"])
+def test_a_row_alone_equals_it_in_a_batch(name: str, activations: Activations) -> None:
+    # One row of x goes through the one-row passes (four weight rows at a time, or one row:
+    # Q8_0 on the avx2 copy), more rows through another loop; a row's sums are added in the
+    # same order in both, so its outputs are the same bits alone or in a batch (what a
+    # request's tokens must not depend on).
+    cols = _cols(name)[-1]
+    w = weight(name, 37, cols)
+    x, b = _inputs(5, cols, 37, torch.float32, True, seed=11)
+    together = ql.few_rows(x, w, b, activations)
+    for i in range(x.shape[0]):
+        assert torch.equal(ql.few_rows(x[i:i + 1], w, b, activations), together[i:i + 1]), i
+
+
 def _skip_without_amx() -> None:
     if not ql.amx_available():
         pytest.skip("no AMX here: the CPU lacks AMX-BF16, the OS refused the tile state, or "
