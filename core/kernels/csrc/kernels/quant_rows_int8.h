@@ -134,7 +134,8 @@ inline void dot_rows(const uint8_t* row, int64_t row_bytes, const XRows& x, int6
 // loads (no arithmetic) streamed the LM head's Q8_0 weight no faster than the kernel (16.4
 // against 16.5 GB/s), so the four interleaved streams, not the sign trick's arithmetic, held
 // it; one row at a time read 17.7-19.3 GB/s where the four-row pass read 14.5-16.2. The
-// 4-bit formats unpack more per byte and lost with one row (a Q4_1 step 8.76 -> 9.63 ms).
+// 4-bit formats unpack more per byte and lost with one row (step medians: Q4_1 8.76 -> 9.63
+// ms, Q4_K_M 9.05 -> 10.73).
 // A row's sums are added in the same order either way: the same bits as with more rows.
 template <QuantFormat F>
 constexpr int rows_per_pass_one_x() {
