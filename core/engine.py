@@ -8,36 +8,41 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import pluggy
 import torch
 
-from plugserve.attention.base import AttentionContext
+from plugserve.admission import AdmissionLimits, prompt_ids, request_problems
 from plugserve.config import EngineConfig
-from plugserve.detokenize import IncrementalText
 from plugserve.device import device_problems
 from plugserve.fixes import unknown_reverts
-from plugserve.grammar.base import GrammarCapabilities, GrammarContext
-from plugserve.grammar.service import GrammarService
+from plugserve.grammar.selection import grammar_problem, grammar_service
 from plugserve.mem.accounting import PoolTerms
 from plugserve.mem.build import KVSizeError, build_kv_memory
+from plugserve.mem.idle_check import idle_memory_problems
 from plugserve.mem.session_kv import SessionKV
 from plugserve.mem.sessions import SessionError
 from plugserve.model.weight_bytes import pack_bytes, weight_bytes
 from plugserve.model.weight_pages import place_on_huge_pages
-from plugserve.outputs import GenerateResult, StreamEvent, generate_result, group_result
-from plugserve.parallel.cross_check import TP_RANK1_SKIPS_FREE, CrossRankCheck, skip_one_free
+from plugserve.outputs import GenerateResult, StreamEvent, group_result
+from plugserve.parallel.cross_check import TP_RANK1_SKIPS_FREE, skip_one_free
 from plugserve.parallel.leader import LeaderScheduler
 from plugserve.parallel.runner import TPModelRunner
 from plugserve.parallel.runtime import RankMemory, TensorParallel
 from plugserve.plugins import PluginHost, load_plugins
-from plugserve.pools.allocator import ceil_align
-from plugserve.request_input import PromptError, token_ids
+from plugserve.request_input import PromptError
 from plugserve.runner.grammar_step import GrammarMask
 from plugserve.runner.model_runner import ModelRunner
-from plugserve.sampling import SamplingParams, is_int
+from plugserve.sampling import SamplingParams
 from plugserve.sched.samples import add_samples, run_sampling, samples_problems
 from plugserve.sched.scheduler import Scheduler
 from plugserve.spec.base import SpecAlgorithm, SpecContext
+from plugserve.startup import (
+    attention_context,
+    lifecycle_plugins,
+    prepare_cpu,
+    usable_context_len,
+    with_model_cache,
+)
+from plugserve.stream_events import StreamTracker
 from plugserve.structs.req import Req
 from plugserve.structs.spec_footprint import SpecFootprint
 from plugserve.structured import GrammarSpec
@@ -114,13 +119,7 @@ class Engine:
             self.tp = TensorParallel.start(cfg, model_arch(cfg.model), self._plugins, type(self))
             self.device = self.tp.device
         if self.device.type == "cpu":
-            from plugserve.kernels import build as cpu_kernels
-            from plugserve.kernels.cpu_malloc import keep_freed_memory
-
-            keep_freed_memory()
-            # Compile the CPU kernels now (first start only, with a visible status), never
-            # inside a request.
-            cpu_kernels.prepare()
+            prepare_cpu()
         if self.tp is not None:
             self.tp.share_memory_for_all_reduce()
         loaded = load_model(cfg.model, dtype=self.dtype, device=self.device,
@@ -137,32 +136,18 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         arch = self.arch
         registries = self.host.registries
-        # Now that the model is known: can the selected plugins run its sliding windows? The
-        # default cache policy becomes swa_radix for them (radix named explicitly is refused).
-        model_reasons: list[str] = []  # refused with the backend's own reasons, below
-        if arch.sliding_window_layer_ids:
-            if cfg.cache == "radix" and "cache" not in cfg.model_fields_set:
-                cfg = self.config = cfg.model_copy(update={"cache": "swa_radix"})
-            model_reasons = validate_config(cfg, registries, sliding_window=True)
+        # Refused with the backend's own reasons, below.
+        cfg, model_reasons = with_model_cache(cfg, arch, registries)
+        self.config = cfg
         spec_cls = registries.spec.get(cfg.spec).load() if cfg.spec != "none" else None
         footprint: SpecFootprint | None = spec_cls.plan_footprint(cfg) if spec_cls else None
         self.spec_footprint = footprint
-        # A speculative round writes up to spec_steps positions past the last token: keep
-        # them inside the model's rope table.
-        spec_margin = cfg.spec_steps + 1 if footprint is not None else 0
-        self.context_len = min(cfg.context_len or arch.max_position_embeddings,
-                               arch.max_position_embeddings - spec_margin)
+        self.context_len = usable_context_len(cfg, arch, footprint)
         attention = registries.attention.get(cfg.attention)
         backend_cls = attention.load()
-        attention_ctx = AttentionContext(  # this rank's heads (all of them without TP)
-            num_heads=rank_arch.num_attention_heads, num_kv_heads=rank_arch.num_key_value_heads,
-            head_dim=arch.head_dim, page_size=cfg.page_size,
-            max_batch_size=cfg.max_running_requests, context_len=self.context_len,
-            dtype=self.dtype, device=self.device, spec_topk=cfg.spec_topk,
-            revert_fixes=cfg.revert_fixes,
-            sliding_windows=tuple(sorted({w for w in arch.layer_sliding_window if w})),
-        )
-        self.hook_pm = self._lifecycle_plugins()
+        attention_ctx = attention_context(cfg, arch, rank_arch, self.context_len, self.dtype,
+                                          self.device)
+        self.checkers, self.hook_pm = lifecycle_plugins(self.host, cfg, self.tp)
         try:
             # What the backend refuses for this model, before any KV memory is allocated.
             _refuse(model_reasons + backend_cls.validate(attention_ctx))
@@ -187,7 +172,8 @@ class Engine:
         self.runner = (ModelRunner(*runner_args) if self.tp is None
                        else TPModelRunner(*runner_args, shard=self.tp.shard))
         self.runner.writes_future_tokens = cfg.overlap
-        self.grammar = self._grammar_service(cfg)
+        self.grammar = grammar_service(registries.grammar, cfg.grammar_backend, arch.vocab_size,
+                                       self.tokenizer)
         if self.grammar is not None:
             self.runner.sampler.steps.append(GrammarMask(self.grammar, self.runner.time_s))
         self.spec: SpecAlgorithm | None = None
@@ -212,23 +198,18 @@ class Engine:
         if self.tp is not None:
             self.tp.wait_for_all_built(
                 RankMemory.of(self.model, self.kv_pool, self.kv.allocator.total_slots))
+        self._admission = AdmissionLimits(
+            vocab_size=arch.vocab_size, context_len=self.context_len,
+            pool_slots=self.kv.allocator.total_slots, page_size=cfg.page_size,
+            spec_name=cfg.spec if self.spec is not None else None,
+            spec_reserve_len=footprint.reserve_len if footprint is not None else 0,
+            spec_checks_grammar=bool(getattr(registries.spec.get(cfg.spec).capabilities,
+                                             "grammar", False)),
+        )
         self.hook_pm.hook.plugserve_engine_configured(config=cfg, scheduler=self.scheduler)
         self._rids = itertools.count()
         self._closed = False
         self._failed: BaseException | None = None
-
-    def _grammar_service(self, cfg: EngineConfig) -> GrammarService | None:
-        """The selected grammar backend's compile service (None when none is installed: a
-        constrained request is then refused with the reason). Nothing is built yet."""
-        registry = self.host.registries.grammar
-        if cfg.grammar_backend not in registry:
-            return None
-        entry = registry.get(cfg.grammar_backend)
-        caps = entry.capabilities
-        return GrammarService(
-            entry.name, entry.load, caps if isinstance(caps, GrammarCapabilities)
-            else GrammarCapabilities(),
-            GrammarContext(self.arch.vocab_size, self.tokenizer, self.tokenizer.eos_token_ids))
 
     def compile_grammar(self, spec: GrammarSpec) -> Any:
         """A Future of `spec`'s compiled grammar (cached), raising `GrammarError` when it is
@@ -242,70 +223,10 @@ class Engine:
         return self.grammar.compile(spec)
 
     def _grammar_problem(self, spec: GrammarSpec) -> str | None:
-        if self.grammar is None:
-            return (f"structured outputs need a grammar backend; {self.config.grammar_backend!r}"
-                    f" is not installed (installed: "
-                    f"{', '.join(self.host.registries.grammar.names()) or 'none'}; pip install "
-                    "plugserve-grammar-xgrammar)")
-        return self.grammar.unsupported(spec)
-
-    def _spec_checks_grammar(self) -> bool:
-        """The speculative algorithm checks its drafts against a request's grammar."""
-        caps = self.host.registries.spec.get(self.config.spec).capabilities
-        return bool(getattr(caps, "grammar", False))
-
-    def _lifecycle_plugins(self) -> pluggy.PluginManager:
-        """A hook relay for this engine alone: the loaded plugins plus this engine's checker
-        instances, so two engines in one process never see each other's steps."""
-        self.checkers: list[Any] = (
-            [entry.load()(self.config) for entry in self.host.registries.checkers]
-            if self.config.mem_check > 0
-            else []
-        )
-        # Every rank's KV terms compared with rank 0's (tensor parallelism, checker on).
-        cross = [CrossRankCheck(self.tp)] if self.tp is not None and self.checkers else []
-        return self.host.engine_hooks([*cross, *self.checkers])
+        return grammar_problem(self.grammar, self.config.grammar_backend,
+                               self.host.registries.grammar.names(), spec)
 
     # --- requests ---------------------------------------------------------------------------
-    def _to_ids(self, prompt: str | list[int], chat: bool) -> list[int]:
-        if isinstance(prompt, str):
-            if chat:
-                return list(self.tokenizer.apply_chat_template([{"role": "user",
-                                                                  "content": prompt}]))
-            return list(self.tokenizer.encode(prompt))
-        return token_ids(prompt)  # PromptError (a ValueError) names what is wrong
-
-    def _problems(self, ids: list[int], sp: SamplingParams) -> list[str]:
-        out = sp.problems(self.arch.vocab_size)
-        if not ids:
-            out.append("prompt is empty")
-        elif len(ids) >= self.context_len:
-            out.append(f"prompt has {len(ids)} tokens; the context holds {self.context_len}, "
-                       "and at least one must be left to generate")
-        bad = [t for t in ids if not 0 <= t < self.arch.vocab_size]  # ids are ints (_to_ids)
-        if bad:
-            out.append(f"prompt has token ids outside the vocabulary (0..{self.arch.vocab_size - 1}):"
-                       f" {bad[:5]}")
-        # A max_new_tokens of the wrong type is reported by sp.problems; count 1 meanwhile.
-        new_tokens = max(sp.max_new_tokens, 1) if is_int(sp.max_new_tokens) else 1
-        need = min(len(ids) + new_tokens, self.context_len)
-        if self.spec_footprint is not None:
-            need += self.spec_footprint.reserve_len  # a speculative round's slots past them
-        if isinstance(sp.structured_outputs, GrammarSpec) and not sp.structured_outputs.problems():
-            grammar_problem = self._grammar_problem(sp.structured_outputs)
-            if grammar_problem is not None:
-                out.append(grammar_problem)
-        spec_refused = [f for f in sp.decode_time_fields()
-                        if f != "structured_outputs" or not self._spec_checks_grammar()]
-        if self.spec is not None and spec_refused:
-            out.append(f"{', '.join(spec_refused)} cannot be used with speculative "
-                       f"decoding (spec={self.config.spec!r}) yet")
-        total = self.kv.allocator.total_slots
-        if ids and ceil_align(need, self.config.page_size) > total:
-            out.append(f"request needs up to {need} KV slots but the pool holds {total}; "
-                       "raise kv_pool_tokens")
-        return out
-
     def submit(
         self, prompt: str | list[int], sampling: SamplingParams | None = None, *,
         chat: bool = False, session_id: str | None = None, session_offset: int | None = None,
@@ -330,7 +251,7 @@ class Engine:
             problems = [f"sampling must be a SamplingParams, got {type(sp).__name__}"]
         else:
             try:
-                ids = self._to_ids(prompt, chat)
+                ids = prompt_ids(self.tokenizer, prompt, chat)
             except PromptError as exc:
                 problems = [str(exc)]
             except Exception as exc:
@@ -339,7 +260,7 @@ class Engine:
                 try:
                     if session_id is not None:
                         ids = self._session(session_id).turn_ids(session_id, ids, session_offset)
-                    problems = self._problems(ids, sp)
+                    problems = request_problems(ids, sp, self._admission, self._grammar_problem)
                     problems += samples_problems(sp, session_id, streaming)
                 except SessionError as exc:
                     problems = [str(exc)]
@@ -443,56 +364,17 @@ class Engine:
         `generate`."""
         parents = self._submit_all(prompts, sampling, chat, session_id, session_offset,
                                    streaming=True)
-        # Every sample of every prompt, with its prompt's index.
-        index = [i for i, p in enumerate(parents) for _ in p.group]
-        reqs = [r for p in parents for r in p.group]
-        sent = [0] * len(reqs)
-        done = [False] * len(reqs)
-        # Each request's text as its tokens arrive (a few tokens decoded per event), and how
-        # much of it the events have carried: a character split across tokens comes whole.
-        running = [IncrementalText(self.tokenizer.decode) for _ in reqs]
-        shown = [0] * len(reqs)
+        events = StreamTracker(parents, self.tokenizer.decode)
         sched = self.scheduler
-
-        def event(k: int, req: Req, final: bool) -> StreamEvent:
-            new = req.output_ids[sent[k] :]
-            sent[k] += len(new)
-            done[k] = final
-            result = None
-            if final:
-                result = self._result(index[k], req)
-                if not req.logprobs_asked:
-                    result.logprobs = None
-                # The whole output, decoded once at the end.
-                text = self.tokenizer.decode(list(req.output_ids))
-            else:
-                text = running[k].text(req.output_ids).rstrip("\ufffd")
-            piece = text[shown[k]:]
-            shown[k] = max(shown[k], len(text))
-            return StreamEvent(index[k], new, piece, final, result,
-                               sample_index=req.sample_index)
-
         while True:
             with self._stop_on_error():
                 progressed = sched.step()
-            for i, req in enumerate(reqs):
-                if done[i]:
-                    continue
-                # Final once its KV is released, or when it never held any: rejected at
-                # submit, or aborted while waiting (no row, nothing to release).
-                final = req.finished() and (
-                    req.finish_released or req.error is not None or req.req_pool_idx is None
-                )
-                if len(req.output_ids) > sent[i] or final:
-                    yield event(i, req, final)
+            yield from events.after_step()
             if not progressed and sched.is_idle():
                 with self._stop_on_error():
                     sched.settle_idle()
                 break
-        # The scheduler is idle: whatever is left has ended, with or without a release seen.
-        for i, req in enumerate(reqs):
-            if not done[i]:
-                yield event(i, req, True)
+        yield from events.finish_all()
 
     def _submit_all(
         self,
@@ -544,9 +426,6 @@ class Engine:
         if len(sampling) != n:
             raise ValueError(f"got {len(sampling)} sampling params for {n} prompts")
         return list(sampling)
-
-    def _result(self, index: int, req: Req) -> GenerateResult:
-        return generate_result(index, req, self.tokenizer.decode)
 
     # --- introspection ----------------------------------------------------------------------
     def pack_bytes(self) -> int:
@@ -609,24 +488,7 @@ class Engine:
         slot is free, cached or held by a session, the cache locks nothing but open sessions'
         prefixes, no page is free twice; every request row is free or session-held. A real
         check (not `assert`): it holds under `python -O` too."""
-        kv = self.kv
-        out: list[str] = []
-        for pool in kv.pools:
-            terms = pool.terms([])
-            # Open streaming sessions keep their first turn's cached prefix locked between turns.
-            session_locked = kv.session_locked_slots(pool.name)
-            if terms.protected != session_locked:
-                out.append(f"idle but {terms.protected} slots of pool {pool.name!r} are still "
-                           f"locked by the cache ({session_locked} by open sessions)")
-            if terms.balance != 0:
-                out.append(f"KV leak at idle: {terms.describe()}")
-            free_pages = pool.allocator.free_pages
-            if len(free_pages) != len(set(free_pages)):
-                out.append(f"a page of pool {pool.name!r} is in the free list twice")
-        rows = kv.rows_problem()
-        if rows is not None:
-            out.append(f"idle but {rows}")
-        return out
+        return idle_memory_problems(self.kv)
 
     def close(self) -> None:
         if not self._closed:
