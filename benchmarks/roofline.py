@@ -22,6 +22,13 @@ roofline reached), and the ISA copy of the CPU kernels that ran (`PLUGSERVE_CPU_
 forces the AVX2 one on an AVX-512 machine). Torch uses `torch.get_num_threads()` threads for
 both (OMP_NUM_THREADS).
 
+With --pairs N (default 5), N more decode runs, the bandwidth read just before the first
+and after each; each run is held against the higher of the two readings next to it, and the
+median of those fractions is printed with their range: on a host whose speed drifts (a
+shared machine), the best TPOT and the best bandwidth of the main figure may come from
+moments minutes apart, and a run compared with the bandwidth of its own moment is the
+steadier figure.
+
 With --split, one more run of the same request times each decode step's parts (the median
 over its steps): the decoder layers (the compiled stack's one call), the LM head (`compute_logits`),
 the rest of the model's `forward` (embedding, rope, attention plans, final norm: Python and
@@ -30,8 +37,8 @@ each with the GB/s its weight bytes make over its time: what is between the kern
 roofline. The timers wrap those calls for that run only.
 
     python benchmarks/roofline.py [--dtypes float32,bfloat16] [--prompt-len 128]
-        [--new-tokens 128] [--repeats 3] [--bandwidth-mib 1024] [--model PATH] [--split]
-        [--json]
+        [--new-tokens 128] [--repeats 3] [--bandwidth-mib 1024] [--model PATH] [--pairs 5]
+        [--split] [--json]
 """
 
 from __future__ import annotations
@@ -70,18 +77,24 @@ def kv_bytes_per_token(engine: Any) -> int:
     return int(layers * 2 * arch.num_key_value_heads * arch.head_dim * elt)
 
 
-def decode_step(engine: Any, prompt: list[int], new_tokens: int,
-                repeats: int) -> dict[str, float]:
+def generate_once(engine: Any, prompt: list[int], n: int) -> tuple[float, float, float]:
+    """One greedy request of `n` tokens (EOS ignored): its TTFT, its latency and the engine's
+    forward time during it, in seconds."""
     from plugserve.sampling import SamplingParams
 
     def forward_s() -> float:
         return float(engine.stats().get("step_time_s", {}).get("forward", 0.0))
 
+    before = forward_s()
+    (result,) = engine.generate([prompt], SamplingParams(max_new_tokens=n, ignore_eos=True))
+    assert len(result.token_ids) == n, result
+    return result.stats["ttft_s"], result.stats["latency_s"], forward_s() - before
+
+
+def decode_step(engine: Any, prompt: list[int], new_tokens: int,
+                repeats: int) -> dict[str, float]:
     def run(n: int) -> tuple[float, float, float]:
-        before = forward_s()
-        (result,) = engine.generate([prompt], SamplingParams(max_new_tokens=n, ignore_eos=True))
-        assert len(result.token_ids) == n, result
-        return result.stats["ttft_s"], result.stats["latency_s"], forward_s() - before
+        return generate_once(engine, prompt, n)
 
     run(8)  # warm-up
     prefill_forward = min(run(1)[2] for _ in range(repeats))
@@ -91,6 +104,24 @@ def decode_step(engine: Any, prompt: list[int], new_tokens: int,
         best_tpot = min(best_tpot, (latency - ttft) / (new_tokens - 1))
         best_forward = min(best_forward, (forward - prefill_forward) / (new_tokens - 1))
     return {"tpot_s": best_tpot, "forward_s": best_forward, "prefill_forward_s": prefill_forward}
+
+
+def paired_fractions(engine: Any, prompt: list[int], new_tokens: int, runs: int,
+                     step_bytes: float, mib: int) -> dict[str, Any]:
+    """`runs` decode runs, the read bandwidth measured before the first and after each: run
+    i's bound uses the higher of the two readings next to it (the stricter, as the main
+    figure), so a host whose speed drifts between readings minutes apart is compared with
+    itself at about the same moment. The median fraction of the roofline and its range."""
+    readings = [measure_bandwidth(mib, 3)["read_gb_s"]]
+    tpots: list[float] = []
+    for _ in range(runs):
+        ttft, latency, _ = generate_once(engine, prompt, new_tokens)
+        tpots.append((latency - ttft) / (new_tokens - 1))
+        readings.append(measure_bandwidth(mib, 3)["read_gb_s"])
+    fractions = [step_bytes / (max(readings[i], readings[i + 1]) * GB) / tpot
+                 for i, tpot in enumerate(tpots)]
+    return {"runs": runs, "read_gb_s": readings, "tpot_s": tpots, "fractions": fractions,
+            "median_fraction": statistics.median(fractions)}
 
 
 @contextlib.contextmanager
@@ -158,6 +189,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bandwidth-mib", type=int, default=1024)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--pairs", type=int, default=5,
+                        help="decode runs each next to its own bandwidth readings (0: none)")
     parser.add_argument("--split", action="store_true",
                         help="time each decode step's parts in one more run")
     parser.add_argument("--json", action="store_true")
@@ -185,6 +218,8 @@ def main() -> None:
             step_bytes = weights + kv_token * mean_context
             step = decode_step(engine, prompt, args.new_tokens, args.repeats)
             split = step_split(engine, prompt, args.new_tokens) if args.split else None
+            paired = (paired_fractions(engine, prompt, args.new_tokens, args.pairs, step_bytes,
+                                       args.bandwidth_mib) if args.pairs > 0 else None)
             head_bytes = engine.model.lm_head_holder.resident_bytes()
             after = measure_bandwidth(args.bandwidth_mib, bandwidth_repeats)
             bandwidth = max(before, after, key=lambda b: b["read_gb_s"])
@@ -208,6 +243,7 @@ def main() -> None:
             "forward_fraction_of_roofline": bound / step["forward_s"],
             "lm_head_gemv_gb_s": gemv,
             "split": split,
+            "paired": paired,
             "lm_head_bytes": head_bytes,
         })
     if args.json:
@@ -231,6 +267,13 @@ def main() -> None:
             f"{r['forward_fraction_of_roofline']:.1%}); LM-head GEMV alone "
             f"{r['lm_head_gemv_gb_s']:.1f} GB/s"
         )
+        paired = r["paired"]
+        if paired is not None:
+            fractions, readings = paired["fractions"], paired["read_gb_s"]
+            print(f"  paired ({paired['runs']} runs, the bandwidth read before and after each, "
+                  f"{min(readings):.1f}-{max(readings):.1f} GB/s): median "
+                  f"{paired['median_fraction']:.1%} of the roofline (runs "
+                  f"{min(fractions):.1%}-{max(fractions):.1%})")
         split = r["split"]
         if split is not None:
             layer_bytes = r["weight_bytes"] - r["lm_head_bytes"]
