@@ -48,3 +48,20 @@ def test_split_times_every_part_of_the_decode_steps(tiny_model_dir: Path, overla
     assert split["step_s"] >= split["stack_s"]
     arch = engine.arch
     assert head_bytes == arch.vocab_size * arch.hidden_size * 4  # a float32 [vocab, hidden] head
+
+
+def test_paired_runs_hold_each_run_against_its_neighbouring_readings(
+        tiny_model_dir: Path) -> None:
+    roofline = load_roofline()
+    with Engine(model=str(tiny_model_dir), dtype="float32", mem_check=1,
+                check_pages=True) as engine:
+        paired = roofline.paired_fractions(engine, [5, 6, 7, 8, 9], 6, runs=3,
+                                           step_bytes=1e6, mib=8)
+    readings, tpots = paired["read_gb_s"], paired["tpot_s"]
+    assert len(readings) == 4 and len(tpots) == 3  # a reading before the first run, one after each
+    assert all(r > 0 for r in readings) and all(t > 0 for t in tpots)
+    # Run i against the higher (stricter) of the readings just before and just after it.
+    expected = [1e6 / (max(readings[i], readings[i + 1]) * 1e9) / tpot
+                for i, tpot in enumerate(tpots)]
+    assert paired["fractions"] == pytest.approx(expected)
+    assert paired["median_fraction"] == pytest.approx(sorted(expected)[1])
