@@ -203,8 +203,8 @@ class Engine:
             pool_slots=self.kv.allocator.total_slots, page_size=cfg.page_size,
             spec_name=cfg.spec if self.spec is not None else None,
             spec_reserve_len=footprint.reserve_len if footprint is not None else 0,
-            spec_checks_grammar=bool(getattr(registries.spec.get(cfg.spec).capabilities,
-                                             "grammar", False)),
+            spec_checks_grammar=self.spec is not None and bool(
+                getattr(registries.spec.get(cfg.spec).capabilities, "grammar", False)),
         )
         self.hook_pm.hook.plugserve_engine_configured(config=cfg, scheduler=self.scheduler)
         self._rids = itertools.count()
@@ -484,10 +484,9 @@ class Engine:
         return self.scheduler.kv_terms()
 
     def memory_problems(self) -> list[str]:
-        """At idle: every reason the memory is not whole (empty = whole). In every pool each KV
-        slot is free, cached or held by a session, the cache locks nothing but open sessions'
-        prefixes, no page is free twice; every request row is free or session-held. A real
-        check (not `assert`): it holds under `python -O` too."""
+        """At idle: every reason the memory is not whole (empty = whole); the rules are
+        `plugserve.mem.idle_check`'s. A real check (not `assert`): it holds under `python -O`
+        too."""
         return idle_memory_problems(self.kv)
 
     def close(self) -> None:
