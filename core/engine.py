@@ -224,7 +224,7 @@ class Engine:
 
     def _grammar_problem(self, spec: GrammarSpec) -> str | None:
         return grammar_problem(self.grammar, self.config.grammar_backend,
-                               self.host.registries.grammar.names(), spec)
+                               self.host.registries.grammar, spec)
 
     # --- requests ---------------------------------------------------------------------------
     def submit(

@@ -24,12 +24,12 @@ def grammar_service(registry: Any, name: str, vocab_size: int,
         GrammarContext(vocab_size, tokenizer, tokenizer.eos_token_ids))
 
 
-def grammar_problem(service: GrammarService | None, wanted: str, installed: list[str],
+def grammar_problem(service: GrammarService | None, wanted: str, registry: Any,
                     spec: GrammarSpec) -> str | None:
     """Why `spec` cannot be compiled here (None: it can): no backend named `wanted` is
-    installed (`installed` lists those that are), or it does not support `spec`'s kind."""
+    installed (the message lists `registry`'s), or it does not support `spec`'s kind."""
     if service is None:
         return (f"structured outputs need a grammar backend; {wanted!r} is not installed "
-                f"(installed: {', '.join(installed) or 'none'}; pip install "
+                f"(installed: {', '.join(registry.names()) or 'none'}; pip install "
                 "plugserve-grammar-xgrammar)")
     return service.unsupported(spec)

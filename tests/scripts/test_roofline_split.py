@@ -50,11 +50,12 @@ def test_split_times_every_part_of_the_decode_steps(tiny_model_dir: Path, overla
     assert head_bytes == arch.vocab_size * arch.hidden_size * 4  # a float32 [vocab, hidden] head
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 def test_paired_runs_hold_each_run_against_its_neighbouring_readings(
-        tiny_model_dir: Path) -> None:
+        tiny_model_dir: Path, overlap: bool) -> None:
     roofline = load_roofline()
     with Engine(model=str(tiny_model_dir), dtype="float32", mem_check=1,
-                check_pages=True) as engine:
+                check_pages=True, overlap=overlap) as engine:
         paired = roofline.paired_fractions(engine, [5, 6, 7, 8, 9], 6, runs=3,
                                            step_bytes=1e6, mib=8)
     readings, tpots = paired["read_gb_s"], paired["tpot_s"]
